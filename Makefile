@@ -1,0 +1,32 @@
+# Two commands do all set-up: `make demo` and `make test`. Both create .venv when needed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+DEMO_SECONDS ?= 30
+
+.PHONY: setup demo test test-fast lint crd e2e bench bench-quick clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --progress-bar off -e '.[test]'
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/dstream run examples/wordcount.yaml --duration $(DEMO_SECONDS)
+
+test: setup
+	$(BIN)/python -m pytest -ra
+
+test-fast: setup
+	$(BIN)/python -m pytest -ra -m "not k8s and not slow"
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,325 @@
+"""The StreamingJob specification: the one model of a job that the CLI, driver, API and operator share.
+
+A manifest is the same YAML for `dstream run` (local) and `kubectl apply` (cluster). Field names are
+camelCase as in every Kubernetes resource; Python code uses the snake_case attributes.
+The CRD schema in `crds/streamingjob.yaml` is generated from these classes.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+API_VERSION = "dstream.dev/v1alpha1"
+KIND = "StreamingJob"
+
+DURATION_PATTERN = r"^[1-9][0-9]*(ms|s|m|h)$"
+MEMORY_PATTERN = r"^[1-9][0-9]*[kmgt]$"
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+
+Duration = Annotated[str, Field(pattern=DURATION_PATTERN, description="e.g. 500ms, 1s, 30s, 5m")]
+Memory = Annotated[str, Field(pattern=MEMORY_PATTERN, description="Spark notation, e.g. 512m, 1g")]
+
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+
+
+def duration_ms(text: str) -> int:
+    """Milliseconds in a duration string such as '500ms' or '30s'."""
+    match = re.fullmatch(DURATION_PATTERN, text)
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (expected e.g. 500ms, 1s, 30s, 5m)")
+    return int(text[: match.start(1)]) * _UNIT_MS[match.group(1)]
+
+
+class SpecModel(BaseModel):
+    """Base of every spec block: camelCase names, unknown fields rejected (typos must not pass)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class WordcountArgs(SpecModel):
+    window: Duration | None = None
+    slide: Duration | None = None
+
+
+class GrepArgs(SpecModel):
+    pattern: str = Field(min_length=1)
+
+
+class TopkArgs(SpecModel):
+    k: int = Field(10, ge=1)
+    window: Duration = "30s"
+    slide: Duration | None = None
+
+
+class SessionsArgs(SpecModel):
+    timeout: Duration = "30s"
+
+
+BUILTIN_ARGS: dict[str, type[SpecModel]] = {
+    "wordcount": WordcountArgs,
+    "grep": GrepArgs,
+    "topk": TopkArgs,
+    "sessions": SessionsArgs,
+}
+
+
+class App(SpecModel):
+    """What computes: exactly one of a built-in app or a user module `pkg.mod:build`."""
+
+    builtin: Literal["wordcount", "grep", "topk", "sessions"] | None = None
+    module: str | None = Field(None, pattern=MODULE_PATTERN)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("args")
+    @classmethod
+    def _args_fit_builtin(cls, args: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        builtin = info.data.get("builtin")
+        if builtin is not None:
+            try:
+                BUILTIN_ARGS[builtin].model_validate(args)
+            except ValidationError as error:
+                raise ValueError("; ".join(problems_of(error))) from None
+        return args
+
+    @model_validator(mode="after")
+    def _one_app(self) -> App:
+        if (self.builtin is None) == (self.module is None):
+            raise ValueError("set exactly one of builtin or module")
+        return self
+
+    def builtin_args(self) -> SpecModel:
+        """The validated arguments of the built-in app."""
+        assert self.builtin is not None
+        return BUILTIN_ARGS[self.builtin].model_validate(self.args)
+
+
+class RateSource(SpecModel):
+    """Deterministic text lines: the same offsets always yield the same records."""
+
+    records_per_second: int = Field(ge=1)
+    partitions: int = Field(2, ge=1)
+    seed: int = Field(0, ge=0)
+    record_bytes: int = Field(100, ge=8, le=65536)
+
+
+class FilesSource(SpecModel):
+    """New files in a directory, in name order; `.`/`_`-prefixed names are ignored."""
+
+    path: str = Field(min_length=1)
+    format: Literal["text", "json"] = "text"
+
+
+class Source(SpecModel):
+    type: Literal["rate", "files"]
+    rate: RateSource | None = None
+    files: FilesSource | None = None
+
+    @model_validator(mode="after")
+    def _block_for_type(self) -> Source:
+        _require_block(self, self.type, ("rate", "files"))
+        return self
+
+
+class FilesSink(SpecModel):
+    path: str = Field(min_length=1)
+
+
+class ConsoleSink(SpecModel):
+    num: int = Field(10, ge=1)
+
+
+class Sink(SpecModel):
+    type: Literal["files", "console"]
+    files: FilesSink | None = None
+    console: ConsoleSink | None = None
+
+    @model_validator(mode="after")
+    def _block_for_type(self) -> Sink:
+        _require_block(self, self.type, ("files",))
+        return self
+
+
+def _require_block(model: BaseModel, chosen: str, need_block: tuple[str, ...]) -> None:
+    """A `type: X` selector needs its `X:` block when X takes settings, and no other block."""
+    if chosen in need_block and getattr(model, chosen) is None:
+        raise ValueError(f"type is {chosen!r} but the {chosen!r} block is missing")
+    for other in type(model).model_fields:
+        if other not in ("type", chosen) and getattr(model, other) is not None:
+            raise ValueError(f"type is {chosen!r} but a {other!r} block is given")
+
+
+class Checkpoint(SpecModel):
+    path: str = Field(min_length=1)
+    interval: Duration | None = None
+    delete_on_job_deletion: bool = False
+
+
+class Pid(SpecModel):
+    proportional: float = Field(1.0, ge=0)
+    integral: float = Field(0.2, ge=0)
+    derivative: float = Field(0.0, ge=0)
+
+
+class Backpressure(SpecModel):
+    enabled: bool = True
+    initial_rate: int | None = Field(None, ge=1)
+    min_rate: int = Field(100, ge=1)
+    max_rate: int | None = Field(None, ge=1)
+    pid: Pid = Field(default_factory=Pid)
+
+    @model_validator(mode="after")
+    def _rate_order(self) -> Backpressure:
+        if self.max_rate is not None and self.max_rate < self.min_rate:
+            raise ValueError("maxRate must be at least minRate")
+        return self
+
+
+class Speculation(SpecModel):
+    enabled: bool = True
+    multiplier: float = Field(1.4, ge=1.0)
+    quantile: float = Field(0.75, gt=0, le=1)
+
+
+class Driver(SpecModel):
+    cores: int = Field(1, ge=1)
+    memory: Memory = "1g"
+
+
+class Executor(SpecModel):
+    instances: int = Field(2, ge=1)
+    cores: int = Field(1, ge=1)
+    memory: Memory = "1g"
+
+
+class PersistentVolumeClaimRef(SpecModel):
+    claim_name: str = Field(pattern=NAME_PATTERN)
+    read_only: bool = False
+
+
+class HostPathRef(SpecModel):
+    path: str = Field(pattern=r"^/")
+
+
+class Volume(SpecModel):
+    """Storage mounted into the driver and every executor (checkpoints and file sinks need it)."""
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=63)
+    mount_path: str = Field(pattern=r"^/")
+    persistent_volume_claim: PersistentVolumeClaimRef | None = None
+    host_path: HostPathRef | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Volume:
+        if (self.persistent_volume_claim is None) == (self.host_path is None):
+            raise ValueError("set exactly one of persistentVolumeClaim or hostPath")
+        return self
+
+
+class RestartPolicy(SpecModel):
+    type: Literal["Always", "OnFailure", "Never"] = "Always"
+    max_restarts: int = Field(10, ge=0)
+    backoff_seconds: int = Field(10, ge=1)
+    max_backoff_seconds: int = Field(300, ge=1)
+
+
+class JobSpec(SpecModel):
+    batch_interval: Duration
+    app: App
+    source: Source
+    sink: Sink = Field(default_factory=lambda: Sink(type="console"))
+    checkpoint: Checkpoint | None = None
+    backpressure: Backpressure = Field(default_factory=Backpressure)
+    speculation: Speculation = Field(default_factory=Speculation)
+    driver: Driver = Field(default_factory=Driver)
+    executor: Executor = Field(default_factory=Executor)
+    image: str = Field("dstream:latest", min_length=1)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    volumes: list[Volume] = Field(default_factory=list)
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+    restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
+    suspend: bool = False
+
+    @property
+    def batch_interval_ms(self) -> int:
+        return duration_ms(self.batch_interval)
+
+
+class Metadata(BaseModel):
+    """Kubernetes object metadata: only the name is ours to check; the rest belongs to the API."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(pattern=NAME_PATTERN, max_length=63)
+    namespace: str | None = None
+
+
+class StreamingJob(SpecModel):
+    api_version: Literal["dstream.dev/v1alpha1"]
+    kind: Literal["StreamingJob"]
+    metadata: Metadata
+    spec: JobSpec
+
+
+class SpecError(ValueError):
+    """A manifest that is not a valid StreamingJob; `problems` are 'field.path: reason' lines."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: invalid StreamingJob\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part in ("function-after", "function-before") or str(part).startswith("function-"):
+            continue
+        else:
+            path += ("." if path else "") + str(part)
+    return path or "(document)"
+
+
+def problems_of(error: ValidationError) -> list[str]:
+    """'field.path: reason' for each pydantic error, with manifest (camelCase) field names."""
+    return [f"{_field_path(e['loc'])}: {e['msg']}" for e in error.errors()]
+
+
+def parse_job(document: Any, source: str = "<manifest>") -> StreamingJob:
+    """Validate a loaded manifest; raises SpecError naming every wrong field."""
+    if not isinstance(document, dict):
+        raise SpecError(source, ["(document): expected a mapping with apiVersion, kind, metadata, spec"])
+    try:
+        return StreamingJob.model_validate(document)
+    except ValidationError as error:
+        raise SpecError(source, problems_of(error)) from None
+
+
+def load_job(path: str | Path) -> StreamingJob:
+    """Read and validate a StreamingJob manifest file (the first StreamingJob in a multi-doc YAML)."""
+    text = Path(path).read_text()
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as error:
+        raise SpecError(str(path), [f"(document): not valid YAML: {error}"]) from None
+    jobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == KIND]
+    if not jobs:
+        if len(documents) == 1:
+            return parse_job(documents[0], str(path))
+        raise SpecError(str(path), [f"(document): no document of kind {KIND}"])
+    return parse_job(jobs[0], str(path))
