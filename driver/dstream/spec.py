@@ -280,7 +280,9 @@ class SpecError(ValueError):
     def __init__(self, source: str, problems: list[str]):
         self.source = source
         self.problems = problems
-        super().__init__(f"{source}: invalid StreamingJob\n" + "\n".join(f"  {p}" for p in problems))
+        super().__init__(
+            f"{source}: invalid StreamingJob\n" + "\n".join(f"  {p}" for p in problems)
+        )
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:
@@ -303,7 +305,9 @@ def problems_of(error: ValidationError) -> list[str]:
 def parse_job(document: Any, source: str = "<manifest>") -> StreamingJob:
     """Validate a loaded manifest; raises SpecError naming every wrong field."""
     if not isinstance(document, dict):
-        raise SpecError(source, ["(document): expected a mapping with apiVersion, kind, metadata, spec"])
+        raise SpecError(
+            source, ["(document): expected a mapping with apiVersion, kind, metadata, spec"]
+        )
     try:
         return StreamingJob.model_validate(document)
     except ValidationError as error:

@@ -1,0 +1,7 @@
+"""`python -m dstream run JOB.yaml` is the same as `dstream run JOB.yaml`."""
+
+import sys
+
+from dstream.cli import main
+
+sys.exit(main())

@@ -1,0 +1,122 @@
+"""Built-in apps (the D-Stream paper's workloads) and the loader for user modules.
+
+An app is `build(ssc, stream, args) -> DStream`: it turns the source stream into the stream that
+the sink writes. Built-ins register their main stream for interactive queries by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import operator
+import re
+from collections.abc import Callable
+from typing import Any
+
+from dstream.context import StreamingContext
+from dstream.dstream import DStream
+from dstream.spec import App, GrepArgs, SessionsArgs, TopkArgs, WordcountArgs, duration_ms
+
+
+def _seconds(duration: str) -> float:
+    return duration_ms(duration) / 1000
+
+
+def _words(lines: DStream) -> DStream:
+    return lines.flatMap(lambda line: ((word, 1) for word in line.split()))
+
+
+def wordcount(ssc: StreamingContext, lines: DStream, args: WordcountArgs) -> DStream:
+    """Word counts per batch or, with a window, over the window (incrementally, with an inverse)."""
+    pairs = _words(lines)
+    if args.window is None:
+        counts = pairs.reduceByKey(operator.add)
+    else:
+        slide = _seconds(args.slide) if args.slide else None
+        counts = pairs.reduceByKeyAndWindow(
+            operator.add,
+            operator.sub,
+            _seconds(args.window),
+            slide,
+            filterFunc=lambda kv: kv[1] > 0,
+        )
+    ssc.registerQueryStream("counts", counts)
+    return counts
+
+
+def grep(ssc: StreamingContext, lines: DStream, args: GrepArgs) -> DStream:
+    """How many lines of each batch match the regular expression `pattern`."""
+    pattern = args.pattern
+    matching = lines.filter(lambda line: re.search(pattern, line) is not None)
+    ssc.registerQueryStream("matches", matching)
+    return matching.count()
+
+
+def topk(ssc: StreamingContext, lines: DStream, args: TopkArgs) -> DStream:
+    """The k most frequent words over the window: per-partition top k, then one final merge."""
+    slide = _seconds(args.slide) if args.slide else None
+    counts = _words(lines).reduceByKeyAndWindow(
+        operator.add,
+        operator.sub,
+        _seconds(args.window),
+        slide,
+        filterFunc=lambda kv: kv[1] > 0,
+    )
+    ssc.registerQueryStream("counts", counts)
+    k = args.k
+
+    def top(rdd: Any) -> Any:
+        local = rdd.mapPartitions(lambda kvs: _largest(k, kvs))
+        return local.coalesce(1).mapPartitions(lambda kvs: _largest(k, kvs))
+
+    return counts.transform(top)
+
+
+def _largest(k: int, pairs: Any) -> list[Any]:
+    import heapq
+
+    return heapq.nlargest(k, pairs, key=lambda kv: (kv[1], kv[0]))
+
+
+def sessions(ssc: StreamingContext, lines: DStream, args: SessionsArgs) -> DStream:
+    """Active sessions: a line's first word is its user; a session ends after `timeout` idle."""
+    events = lines.flatMap(lambda line: [(line.split()[0], 1)] if line.strip() else [])
+    active = events.track(
+        init=lambda _user, _event: {"events": 1},
+        update=lambda _user, session, _event: {"events": session["events"] + 1},
+        timeout=_seconds(args.timeout),
+    )
+    ssc.registerQueryStream("sessions", active)
+    return active.mapValues(lambda session: session["events"])
+
+
+BUILTINS: dict[str, Callable[..., DStream]] = {
+    "wordcount": wordcount,
+    "grep": grep,
+    "topk": topk,
+    "sessions": sessions,
+}
+
+# Built-ins whose output is (key, count) pairs, shown largest first on the console.
+COUNTING = {"wordcount", "topk", "sessions"}
+
+
+def load_user_build(module_ref: str) -> Callable[..., Any]:
+    """Import `pkg.mod:build`; errors name what was not found."""
+    module_name, _, attribute = module_ref.partition(":")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise ImportError(f"module {module_name!r} has no attribute {attribute!r}") from None
+
+
+def build_app(ssc: StreamingContext, source: DStream, app: App) -> list[DStream]:
+    """The output stream(s) of the job's app."""
+    if app.builtin is not None:
+        return [BUILTINS[app.builtin](ssc, source, app.builtin_args())]
+    outputs = load_user_build(app.module or "")(ssc, source, dict(app.args))
+    if isinstance(outputs, DStream):
+        return [outputs]
+    if isinstance(outputs, (list, tuple)) and all(isinstance(o, DStream) for o in outputs):
+        return list(outputs)
+    raise TypeError(f"{app.module} must return a DStream or a list of DStreams, got {outputs!r}")

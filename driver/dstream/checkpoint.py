@@ -1,0 +1,204 @@
+"""The checkpoint directory: graph metadata, the batch log, commit markers and state checkpoints.
+
+Layout under the checkpoint path:
+    metadata.json           graph signature and zero time, written once per graph
+    log/batch-<ms>.json     the input ranges of a batch, written before the batch runs
+    log/commit-<ms>.json    written once every output job of the batch succeeded; lists the
+                            state checkpoints that batch made
+    state/                  Spark's reliable RDD checkpoints (sc.setCheckpointDir)
+    deadletter/             malformed input records, per batch
+Every file is written to a temporary name, fsynced and renamed, and carries a checksum, so a
+crash mid-write leaves either the old state or a file that is detected as torn and ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_BATCH_FILE = re.compile(r"^batch-(\d+)\.json$")
+_COMMIT_FILE = re.compile(r"^commit-(\d+)\.json$")
+
+
+class TornFileError(ValueError):
+    """A checkpoint file that is truncated, corrupt or fails its checksum."""
+
+
+class CheckpointMismatchError(RuntimeError):
+    """The checkpoint was written by a different streaming graph than the one being started."""
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write to a temporary sibling, fsync, rename over `path`, fsync the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def write_document(path: Path, document: dict[str, Any]) -> None:
+    """A JSON document wrapped with the sha256 of its canonical body."""
+    body = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(body.encode()).hexdigest()
+    write_atomically(path, json.dumps({"sha256": digest, "body": document}).encode())
+
+
+def read_document(path: Path) -> dict[str, Any]:
+    """The body of a document written by write_document; TornFileError if it does not verify."""
+    try:
+        wrapper = json.loads(path.read_bytes())
+        body = wrapper["body"]
+        digest = wrapper["sha256"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise TornFileError(f"{path}: unreadable ({error})") from None
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    if hashlib.sha256(canonical.encode()).hexdigest() != digest:
+        raise TornFileError(f"{path}: checksum mismatch")
+    return body
+
+
+@dataclass
+class LogState:
+    """What a restarting driver learns from the log."""
+
+    records: dict[int, dict[str, Any]] = field(default_factory=dict)
+    commits: dict[int, dict[str, Any]] = field(default_factory=dict)
+    torn: list[str] = field(default_factory=list)
+
+    @property
+    def pending(self) -> list[int]:
+        """Batches that were planned but never committed: they are re-run with the same input."""
+        return sorted(t for t in self.records if t not in self.commits)
+
+    @property
+    def last_time(self) -> int | None:
+        return max(self.records) if self.records else None
+
+    def state_checkpoints(self) -> dict[str, list[tuple[int, str]]]:
+        """Per stateful stream, its committed checkpoints (time, path), newest first."""
+        found: dict[str, list[tuple[int, str]]] = {}
+        for time_ms in sorted(self.commits, reverse=True):
+            for stream, entry in self.commits[time_ms].get("state", {}).items():
+                found.setdefault(stream, []).append((entry["time"], entry["path"]))
+        return found
+
+
+class CheckpointDir:
+    """Reads and writes one job's checkpoint directory."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.log_dir = self.path / "log"
+        self.state_dir = self.path / "state"
+        self.deadletter_dir = self.path / "deadletter"
+
+    def exists(self) -> bool:
+        return (self.path / "metadata.json").exists()
+
+    def read_metadata(self) -> dict[str, Any] | None:
+        meta = self.path / "metadata.json"
+        if not meta.exists():
+            return None
+        try:
+            return read_document(meta)
+        except TornFileError:
+            backup = self.path / "metadata.json.bk"
+            log.warning("checkpoint metadata torn; using the backup %s", backup)
+            return read_document(backup)
+
+    def write_metadata(self, metadata: dict[str, Any]) -> None:
+        write_document(self.path / "metadata.json.bk", metadata)
+        write_document(self.path / "metadata.json", metadata)
+
+    def write_batch(self, time_ms: int, record: dict[str, Any]) -> None:
+        write_document(self.log_dir / f"batch-{time_ms}.json", {"time": time_ms, **record})
+
+    def write_commit(self, time_ms: int, commit: dict[str, Any]) -> None:
+        write_document(self.log_dir / f"commit-{time_ms}.json", {"time": time_ms, **commit})
+
+    def load_log(self) -> LogState:
+        """Every readable record and commit; torn files are reported and skipped."""
+        state = LogState()
+        if not self.log_dir.exists():
+            return state
+        for entry in sorted(self.log_dir.iterdir()):
+            for pattern, target in ((_BATCH_FILE, state.records), (_COMMIT_FILE, state.commits)):
+                match = pattern.match(entry.name)
+                if not match:
+                    continue
+                try:
+                    target[int(match.group(1))] = read_document(entry)
+                except TornFileError as error:
+                    log.warning("ignoring torn checkpoint file: %s", error)
+                    state.torn.append(entry.name)
+                    entry.unlink(missing_ok=True)
+        return state
+
+    def prune(self, keep_from_ms: int, keep_state_paths: set[str]) -> None:
+        """Drop log entries older than keep_from_ms and state checkpoints no longer in force."""
+        if self.log_dir.exists():
+            for entry in self.log_dir.iterdir():
+                match = _BATCH_FILE.match(entry.name) or _COMMIT_FILE.match(entry.name)
+                if match and int(match.group(1)) < keep_from_ms:
+                    entry.unlink(missing_ok=True)
+        if not self.state_dir.exists():
+            return
+        keep = {Path(p.removeprefix("file:")).resolve() for p in keep_state_paths}
+        for run_dir in self.state_dir.iterdir():
+            for rdd_dir in run_dir.glob("rdd-*"):
+                if rdd_dir.resolve() not in keep and not _in_progress(rdd_dir):
+                    shutil.rmtree(rdd_dir, ignore_errors=True)
+
+    def move_aside(self, suffix: str) -> Path:
+        """Rename the whole directory out of the way (start fresh without destroying data)."""
+        target = self.path.with_name(f"{self.path.name}.{suffix}")
+        os.replace(self.path, target)
+        return target
+
+
+def move_checkpoint_aside(path: str | Path) -> Path | None:
+    """Start fresh without destroying data: rename the old checkpoint to `<path>.old-<time>`."""
+    directory = CheckpointDir(path)
+    if not directory.path.exists():
+        return None
+    moved = directory.move_aside(f"old-{int(time.time())}")
+    log.warning("moved the previous checkpoint %s to %s", directory.path, moved)
+    return moved
+
+
+def _in_progress(rdd_dir: Path) -> bool:
+    """Spark writes checkpoint parts to hidden temporary names first; leave those alone."""
+    return any(p.name.startswith(".") for p in rdd_dir.iterdir())
+
+
+def compare_signatures(saved: list[dict[str, Any]], current: list[dict[str, Any]]) -> list[str]:
+    """Human-readable differences between two graph signatures (empty when compatible)."""
+    differences = []
+    if len(saved) != len(current):
+        differences.append(f"the checkpoint has {len(saved)} streams, the program {len(current)}")
+    for index, (old, new) in enumerate(zip(saved, current, strict=False)):
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                differences.append(
+                    f"stream #{index} ({new.get('kind', '?')}): {key} was {old.get(key)!r}, "
+                    f"now {new.get(key)!r}"
+                )
+    return differences

@@ -1,0 +1,134 @@
+"""The `dstream` command: run a StreamingJob manifest locally, or validate one.
+
+Exit codes: 0 success (including a graceful stop), 2 invalid manifest or arguments, 3 a checkpoint
+written by a different program, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from dstream.checkpoint import CheckpointMismatchError
+from dstream.spec import SpecError, StreamingJob, load_job
+
+EXIT_INVALID = 2
+EXIT_CHECKPOINT_MISMATCH = 3
+
+
+def _conf_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    return key, value
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="dstream", description=__doc__.splitlines()[0])
+    commands = root.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run a StreamingJob manifest until stopped")
+    add_run_arguments(run)
+    validate = commands.add_parser("validate", help="check a StreamingJob manifest")
+    validate.add_argument("manifest")
+    return root
+
+
+def add_run_arguments(
+    run: argparse.ArgumentParser, default_master: str | None = "local[2]"
+) -> None:
+    run.add_argument("manifest", help="StreamingJob YAML (the same file kubectl applies)")
+    run.add_argument("--port", type=int, default=8000, help="API and /metrics port (0: none)")
+    run.add_argument("--master", default=default_master, help="Spark master (default local[2])")
+    run.add_argument(
+        "--duration", type=float, default=None, help="stop gracefully after this many seconds"
+    )
+    run.add_argument(
+        "--fresh",
+        action="store_true",
+        help="move an existing checkpoint aside and start from scratch",
+    )
+    run.add_argument(
+        "--conf",
+        type=_conf_pair,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark setting (repeatable)",
+    )
+    run.add_argument("--quiet", action="store_true", help="no per-batch progress lines")
+
+
+def load_or_exit(path: str) -> StreamingJob:
+    try:
+        return load_job(path)
+    except SpecError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(EXIT_INVALID) from None
+    except OSError as error:
+        print(f"error: cannot read {path}: {error.strerror}", file=sys.stderr)
+        raise SystemExit(EXIT_INVALID) from None
+
+
+def run_job(args: argparse.Namespace) -> int:
+    """Start the job (recovering from its checkpoint), serve the API, stop on SIGTERM/SIGINT."""
+    job = load_or_exit(args.manifest)
+    from dstream.job import JobRuntime, ProgressPrinter
+
+    runtime = JobRuntime(job, args.master, dict(args.conf), fresh=args.fresh)
+    if not args.quiet:
+        runtime.ssc.addStreamingListener(ProgressPrinter())
+    server = None
+    if args.port:
+        from dstream_api.server import serve_in_background
+
+        server = serve_in_background(runtime, args.port)
+        print(
+            f"dstream: job {job.metadata.name} serving http://127.0.0.1:{args.port} "
+            f"(/v1/status, /metrics)",
+            flush=True,
+        )
+
+    def request_stop(signum: int, _frame: object) -> None:
+        print(
+            f"dstream: {signal.Signals(signum).name} received, finishing the current batch",
+            flush=True,
+        )
+        runtime.stop_requested = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        runtime.start()
+    except CheckpointMismatchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        runtime.sc.stop()
+        return EXIT_CHECKPOINT_MISMATCH
+    runtime.run_until_stopped(args.duration)
+    if server is not None:
+        server.should_exit = True
+    print(f"dstream: job {job.metadata.name} stopped", flush=True)
+    return 0
+
+
+def validate_job(args: argparse.Namespace) -> int:
+    job = load_or_exit(args.manifest)
+    print(f"{args.manifest}: valid StreamingJob {job.metadata.name!r}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    args = parser().parse_args(argv)
+    if args.command == "validate":
+        return validate_job(args)
+    return run_job(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""StreamingContext: pyspark.streaming's entry point, on the engine's own scheduler.
+
+Backpressure is configured as in Spark, through the SparkConf
+(`spark.streaming.backpressure.enabled`, `.initialRate`, `.pid.*`, and
+`dstream.backpressure.maxRate`), so pyspark.streaming programs keep their settings and spec-driven jobs set the same keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from pyspark import RDD, SparkContext
+
+from dstream.checkpoint import CheckpointDir, move_checkpoint_aside
+from dstream.clock import ManualClock, SystemClock
+from dstream.dstream import DStream, MultiTransformedDStream, UnionDStream
+from dstream.graph import DStreamGraph
+from dstream.rate import PIDRateEstimator, RateController
+from dstream.scheduler import BatchScheduler
+from dstream.sources import FileInputDStream, QueueInputDStream, RateInputDStream
+from dstream.timeutil import duration_to_ms
+
+log = logging.getLogger(__name__)
+
+
+class StreamingContext:
+    """Create DStreams, start and stop them; same constructor and methods as pyspark.streaming."""
+
+    _activeContext: ClassVar[StreamingContext | None] = None
+
+    def __init__(
+        self,
+        sparkContext: SparkContext,
+        batchDuration: float = 1,
+        *,
+        clock: SystemClock | ManualClock | None = None,
+    ):
+        self._sc = sparkContext
+        self._batch_ms = duration_to_ms(batchDuration)
+        self._graph = DStreamGraph(self._batch_ms)
+        self._clock = clock or SystemClock()
+        self._checkpoint_dir: CheckpointDir | None = None
+        self._scheduler: BatchScheduler | None = None
+        self._pending_listeners: list[Any] = []
+        self._terminated = threading.Event()
+        self._error: BaseException | None = None
+        self._state = "initialized"
+        self.queryStreams: dict[str, DStream] = {}
+
+    # -- construction from a checkpoint ---------------------------------------------------
+
+    @classmethod
+    def getOrCreate(
+        cls, checkpointPath: str, setupFunc: Callable[[], StreamingContext], fresh: bool = False
+    ) -> StreamingContext:
+        """Rebuild the graph with setupFunc and attach the checkpoint: a previous run's log and
+        state are recovered when the context starts (the graph must be the same program).
+        `fresh=True` moves an existing checkpoint aside first instead of recovering from it."""
+        if fresh:
+            move_checkpoint_aside(checkpointPath)
+        ssc = setupFunc()
+        ssc.checkpoint(checkpointPath)
+        return ssc
+
+    @classmethod
+    def getActive(cls) -> StreamingContext | None:
+        return cls._activeContext
+
+    @classmethod
+    def getActiveOrCreate(
+        cls, checkpointPath: str | None, setupFunc: Callable[[], StreamingContext]
+    ) -> StreamingContext:
+        if not callable(setupFunc):
+            raise TypeError("setupFunc should be callable.")
+        active = cls.getActive()
+        if active is not None:
+            return active
+        if checkpointPath is not None:
+            return cls.getOrCreate(checkpointPath, setupFunc)
+        return setupFunc()
+
+    @property
+    def sparkContext(self) -> SparkContext:
+        return self._sc
+
+    # -- configuration --------------------------------------------------------------------
+
+    def remember(self, duration: float) -> None:
+        """Keep each stream's RDDs for at least `duration` seconds (for slice and queries)."""
+        self._graph.remember_ms = duration_to_ms(duration)
+
+    def checkpoint(self, directory: str) -> None:
+        """Keep the batch log and state checkpoints in `directory` so a restart can recover."""
+        self._checkpoint_dir = CheckpointDir(directory)
+        self._checkpoint_dir.state_dir.mkdir(parents=True, exist_ok=True)
+        self._sc.setCheckpointDir(str(self._checkpoint_dir.state_dir.resolve()))
+        self._graph.checkpoint_path = self._checkpoint_dir.path
+
+    def registerQueryStream(self, name: str, stream: DStream, retain: float = 60) -> DStream:
+        """Name a stream for interactive queries (REST `slice`); its RDDs are kept `retain` s."""
+        self.queryStreams[name] = stream
+        stream._remember(duration_to_ms(retain))
+        return stream
+
+    def addStreamingListener(self, streamingListener: Any) -> None:
+        """Listeners get onBatchSubmitted/Started/Completed(event) with event.batchInfo()."""
+        if self._scheduler is not None:
+            self._scheduler.add_listener(streamingListener)
+        else:
+            self._pending_listeners.append(streamingListener)
+
+    # -- input streams --------------------------------------------------------------------
+
+    def queueStream(
+        self,
+        rdds: list[Any],
+        oneAtATime: bool = True,
+        default: RDD | list[Any] | None = None,
+    ) -> DStream:
+        """One RDD (or all) from `rdds` per batch; lists are parallelized first."""
+        if default is not None and not isinstance(default, RDD):
+            default = self._sc.parallelize(default)
+        queued = [r if isinstance(r, RDD) else self._sc.parallelize(r) for r in rdds]
+        return QueueInputDStream(self, queued, oneAtATime, default)
+
+    def textFileStream(self, directory: str) -> DStream:
+        """Lines of files newly created in `directory` (files present at start are skipped)."""
+        return FileInputDStream(self, directory, "text", new_files_only=True, name="textFileStream")
+
+    def fileStream(self, directory: str, format: str = "text", name: str = "files") -> DStream:
+        """Every file in `directory` not yet processed, in name order; format 'text' or 'json'."""
+        return FileInputDStream(self, directory, format, new_files_only=False, name=name)
+
+    def rateStream(
+        self,
+        recordsPerSecond: int,
+        partitions: int = 2,
+        seed: int = 0,
+        recordBytes: int = 100,
+        name: str = "rate",
+    ) -> DStream:
+        """Deterministic text lines at a fixed rate; replays exactly after a restart."""
+        return RateInputDStream(self, recordsPerSecond, partitions, seed, recordBytes, name)
+
+    def union(self, *dstreams: DStream) -> DStream:
+        if not dstreams:
+            raise ValueError("should have at least one DStream to union")
+        if len(dstreams) == 1:
+            return dstreams[0]
+        return UnionDStream(list(dstreams))
+
+    def transform(
+        self, dstreams: list[DStream], transformFunc: Callable[[list[RDD]], RDD]
+    ) -> DStream:
+        return MultiTransformedDStream(list(dstreams), transformFunc)
+
+    # -- running --------------------------------------------------------------------------
+
+    def _rate_controllers(self) -> dict[str, RateController]:
+        conf = self._sc.getConf()
+        if conf.get("spark.streaming.backpressure.enabled", "false").lower() != "true":
+            return {}
+
+        def number(key: str, default: str | None) -> float | None:
+            value = conf.get(key, default)
+            return None if value is None else float(value)
+
+        controllers = {}
+        for source in self._graph.inputs:
+            estimator = PIDRateEstimator(
+                self._batch_ms,
+                proportional=number("spark.streaming.backpressure.pid.proportional", "1.0"),
+                integral=number("spark.streaming.backpressure.pid.integral", "0.2"),
+                derivative=number("spark.streaming.backpressure.pid.derived", "0.0"),
+                min_rate=number("spark.streaming.backpressure.pid.minRate", "100"),
+            )
+            controllers[source.name] = RateController(
+                estimator,
+                initial_rate=number("spark.streaming.backpressure.initialRate", None),
+                max_rate=number("dstream.backpressure.maxRate", None),
+            )
+        return controllers
+
+    def start(self) -> None:
+        """Start the streams; with a checkpoint from an earlier run, recover from it first."""
+        if self._state == "active":
+            raise RuntimeError("StreamingContext has already been started")
+        if self._state == "stopped":
+            raise RuntimeError("StreamingContext has already been stopped")
+        self._scheduler = BatchScheduler(
+            self, self._graph, self._clock, self._checkpoint_dir, self._rate_controllers()
+        )
+        for listener in self._pending_listeners:
+            self._scheduler.add_listener(listener)
+        self._scheduler.start()
+        self._state = "active"
+        StreamingContext._activeContext = self
+
+    def _report_error(self, error: BaseException) -> None:
+        """A failed batch: kept for awaitTermination* to raise; later batches still run."""
+        self._error = error
+        self._terminated.set()
+
+    def awaitTermination(self, timeout: float | None = None) -> None:
+        """Wait for stop or for a batch error (raised here)."""
+        self.awaitTerminationOrTimeout(timeout)
+
+    def awaitTerminationOrTimeout(self, timeout: float | None) -> bool:
+        """True once stopped, False when the timeout elapsed; raises the error of a failed batch."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            stopped = self._terminated.wait(remaining)
+            if self._error is not None:
+                error, self._error = self._error, None
+                if self._state != "stopped":
+                    self._terminated.clear()
+                raise error
+            if stopped or remaining == 0.0:
+                return stopped
+
+    def stop(self, stopSparkContext: bool = True, stopGraceFully: bool = False) -> None:
+        """Stop; gracefully means finish the batches already planned (bounded) before returning."""
+        if self._state == "stopped":
+            return
+        if self._scheduler is not None:
+            self._scheduler.stop(graceful=stopGraceFully)
+        self._state = "stopped"
+        if StreamingContext._activeContext is self:
+            StreamingContext._activeContext = None
+        self._terminated.set()
+        if stopSparkContext:
+            self._sc.stop()

@@ -1,0 +1,124 @@
+"""Backpressure: Spark's PID rate estimator and the controller that applies it to every source.
+
+After each batch the estimator turns (records, processing time, scheduling delay) into the rate
+the next batch may admit; the controller converts that rate into a record budget per batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PidTerms:
+    """The terms of the last update, exported as metrics."""
+
+    processing_rate: float
+    error: float
+    historical_error: float
+    derivative_error: float
+    rate: float
+
+
+class PIDRateEstimator:
+    """Spark's PIDRateEstimator: the same control law, defaults and update rules."""
+
+    def __init__(
+        self,
+        batch_interval_ms: int,
+        proportional: float = 1.0,
+        integral: float = 0.2,
+        derivative: float = 0.0,
+        min_rate: float = 100.0,
+    ):
+        if batch_interval_ms <= 0:
+            raise ValueError(f"batch interval must be positive, got {batch_interval_ms} ms")
+        for label, gain in (
+            ("proportional", proportional),
+            ("integral", integral),
+            ("derivative", derivative),
+        ):
+            if gain < 0:
+                raise ValueError(f"{label} gain must be >= 0, got {gain}")
+        if min_rate <= 0:
+            raise ValueError(f"minRate must be > 0, got {min_rate}")
+        self.batch_interval_ms = batch_interval_ms
+        self.proportional = proportional
+        self.integral = integral
+        self.derivative = derivative
+        self.min_rate = min_rate
+        self._first_run = True
+        self._latest_time = -1
+        self._latest_rate = -1.0
+        self._latest_error = -1.0
+        self.last_terms: PidTerms | None = None
+
+    def compute(
+        self, time_ms: int, records: int, processing_ms: int, scheduling_ms: int
+    ) -> float | None:
+        """The new rate in records/second, or None when this batch gives no (first) estimate."""
+        if time_ms <= self._latest_time or records <= 0 or processing_ms <= 0:
+            return None
+        since_update_s = (time_ms - self._latest_time) / 1000
+        processing_rate = records / processing_ms * 1000
+        error = self._latest_rate - processing_rate
+        historical_error = scheduling_ms * processing_rate / self.batch_interval_ms
+        derivative_error = (error - self._latest_error) / since_update_s
+        new_rate = max(
+            self._latest_rate
+            - self.proportional * error
+            - self.integral * historical_error
+            - self.derivative * derivative_error,
+            self.min_rate,
+        )
+        self._latest_time = time_ms
+        if self._first_run:
+            self._latest_rate = processing_rate
+            self._latest_error = 0.0
+            self._first_run = False
+            return None
+        self._latest_rate = new_rate
+        self._latest_error = error
+        self.last_terms = PidTerms(
+            processing_rate, error, historical_error, derivative_error, new_rate
+        )
+        return new_rate
+
+
+class RateController:
+    """Holds one source's current rate limit and turns it into the next batch's record budget."""
+
+    def __init__(
+        self,
+        estimator: PIDRateEstimator,
+        initial_rate: float | None = None,
+        max_rate: float | None = None,
+    ):
+        self.estimator = estimator
+        self.max_rate = max_rate
+        self._rate = self._capped(initial_rate)
+        self._lock = threading.Lock()
+
+    def _capped(self, rate: float | None) -> float | None:
+        if self.max_rate is None:
+            return rate
+        return self.max_rate if rate is None else min(rate, self.max_rate)
+
+    @property
+    def rate_limit(self) -> float | None:
+        """Records per second the next batch may admit (None: unlimited)."""
+        return self._rate
+
+    def max_records(self) -> int | None:
+        """The next batch's budget: the rate limit times the batch interval."""
+        rate = self._rate
+        if rate is None:
+            return None
+        return max(1, int(rate * self.estimator.batch_interval_ms / 1000))
+
+    def update(self, time_ms: int, records: int, processing_ms: int, scheduling_ms: int) -> None:
+        with self._lock:
+            new_rate = self.estimator.compute(time_ms, records, processing_ms, scheduling_ms)
+            if new_rate is not None:
+                self._rate = self._capped(new_rate)

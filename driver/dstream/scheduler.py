@@ -1,0 +1,385 @@
+"""The batch scheduler: a timer that plans each batch's input on time, and a runner that executes
+batches in order.
+
+Per batch: plan input ranges (within the rate limit) -> write the batch record -> run the output
+jobs -> write the commit marker -> forget old RDDs and log entries -> notify listeners. Planning
+happens at the batch time even when the runner is behind, so queued batches show up as scheduling
+delay (and the rate controller reacts), exactly as in Spark's JobGenerator/JobScheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pyspark import RDD
+from pyspark.rdd import Partitioner, portable_hash
+
+from dstream.checkpoint import CheckpointDir, CheckpointMismatchError, compare_signatures
+from dstream.timeutil import datetime_of
+
+if TYPE_CHECKING:
+    from dstream.clock import ManualClock, SystemClock
+    from dstream.context import StreamingContext
+    from dstream.graph import DStreamGraph
+    from dstream.rate import RateController
+
+log = logging.getLogger(__name__)
+HISTORY = 1000
+
+
+@dataclass
+class BatchInfo:
+    """One batch's timing and input; the accessors mirror Spark's BatchInfo (milliseconds)."""
+
+    batch_time_ms: int
+    submission_time_ms: int
+    records: dict[str, int]
+    rate_limits: dict[str, float | None]
+    kind: str = "live"
+    processing_start_ms: int | None = None
+    processing_end_ms: int | None = None
+    error: str | None = None
+    state_checkpoints: dict[str, Any] = field(default_factory=dict)
+
+    def batchTime(self) -> datetime:
+        return datetime_of(self.batch_time_ms)
+
+    def numRecords(self) -> int:
+        return sum(self.records.values())
+
+    def schedulingDelay(self) -> int | None:
+        if self.processing_start_ms is None:
+            return None
+        return max(0, self.processing_start_ms - self.submission_time_ms)
+
+    def processingDelay(self) -> int | None:
+        if self.processing_start_ms is None or self.processing_end_ms is None:
+            return None
+        return self.processing_end_ms - self.processing_start_ms
+
+    def totalDelay(self) -> int | None:
+        scheduling, processing = self.schedulingDelay(), self.processingDelay()
+        return None if scheduling is None or processing is None else scheduling + processing
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "time": self.batchTime().astimezone().isoformat(),
+            "timeMs": self.batch_time_ms,
+            "kind": self.kind,
+            "records": self.numRecords(),
+            "recordsBySource": self.records,
+            "rateLimit": self.rate_limits,
+            "schedulingDelaySeconds": _seconds(self.schedulingDelay()),
+            "processingSeconds": _seconds(self.processingDelay()),
+            "totalDelaySeconds": _seconds(self.totalDelay()),
+            "error": self.error,
+        }
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000
+
+
+class BatchEvent:
+    """What listeners receive, shaped like pyspark.streaming's listener events."""
+
+    def __init__(self, info: BatchInfo):
+        self.info = info
+
+    def batchInfo(self) -> BatchInfo:
+        return self.info
+
+
+@dataclass
+class Recovery:
+    """What a restart found in the checkpoint."""
+
+    replayed: list[int]
+    restored_state: dict[str, int]
+    torn_files: list[str]
+    resume_ms: int
+
+
+class BatchScheduler:
+    def __init__(
+        self,
+        ssc: StreamingContext,
+        graph: DStreamGraph,
+        clock: SystemClock | ManualClock,
+        checkpoint: CheckpointDir | None,
+        rate_controllers: dict[str, RateController],
+    ):
+        self._ssc = ssc
+        self._graph = graph
+        self.clock = clock
+        self._checkpoint = checkpoint
+        self.rate_controllers = rate_controllers
+        self._queue: queue.Queue[BatchInfo | None] = queue.Queue()
+        self._stop_generating = threading.Event()
+        self._stop_running = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._listeners: list[Any] = []
+        self.history: deque[BatchInfo] = deque(maxlen=HISTORY)
+        self.current: BatchInfo | None = None
+        self.recovery: Recovery | None = None
+        self.state = "initialized"
+        self._completed = threading.Condition()
+
+    # -- listeners ------------------------------------------------------------------------
+
+    def add_listener(self, listener: Any) -> None:
+        self._listeners.append(listener)
+
+    def _notify(self, method: str, info: BatchInfo) -> None:
+        for listener in list(self._listeners):
+            handler = getattr(listener, method, None)
+            if handler is None:
+                continue
+            try:
+                handler(BatchEvent(info))
+            except Exception:
+                log.exception("streaming listener %r failed in %s", listener, method)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        first_ms = self._recover() if self._checkpoint and self._checkpoint.exists() else None
+        if first_ms is None:
+            first_ms = self._start_fresh()
+        self.state = "recovering" if self.recovery and self.recovery.replayed else "running"
+        self._threads = [
+            threading.Thread(
+                target=self._generate_loop, args=(first_ms,), name="dstream-timer", daemon=True
+            ),
+            threading.Thread(target=self._run_loop, name="dstream-runner", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _start_fresh(self) -> int:
+        batch = self._graph.batch_ms
+        first_ms = (self.clock.now_ms() // batch + 1) * batch
+        self._graph.start(first_ms - batch)
+        if self._checkpoint is not None:
+            self._checkpoint.write_metadata(
+                {"zeroMs": first_ms - batch, "batchMs": batch, "graph": self._graph.signature()}
+            )
+        return first_ms
+
+    def stop(self, graceful: bool, timeout_s: float | None = None) -> None:
+        """Stop planning batches; graceful finishes the queued batches (bounded), else only the
+        one running. Batches planned but not run stay uncommitted in the log and replay later."""
+        self.state = "stopping"
+        self._stop_generating.set()
+        if self._threads:
+            self._threads[0].join()
+        if not graceful:
+            self._stop_running.set()
+        self._queue.put(None)
+        if len(self._threads) > 1:
+            wait = timeout_s if timeout_s is not None else 10 * self._graph.batch_ms / 1000
+            self._threads[1].join(wait if graceful else None)
+            if self._threads[1].is_alive():
+                self._stop_running.set()
+                self._threads[1].join()
+        self.state = "stopped"
+
+    # -- recovery -------------------------------------------------------------------------
+
+    def _recover(self) -> int:
+        """Rebuild sources and state from the checkpoint; queue uncommitted batches for re-run."""
+        assert self._checkpoint is not None
+        metadata = self._checkpoint.read_metadata() or {}
+        differences = compare_signatures(metadata.get("graph", []), self._graph.signature())
+        if metadata.get("batchMs") != self._graph.batch_ms:
+            differences.insert(
+                0, f"batch interval was {metadata.get('batchMs')} ms, now {self._graph.batch_ms} ms"
+            )
+        if differences:
+            raise CheckpointMismatchError(
+                f"checkpoint {self._checkpoint.path} was written by a different streaming graph:\n"
+                + "\n".join(f"  - {d}" for d in differences)
+                + "\nrestore the original program, or start fresh (`dstream run --fresh`, or "
+                "StreamingContext.getOrCreate(path, setup, fresh=True)), which moves the old "
+                "checkpoint aside"
+            )
+        self._graph.start(metadata["zeroMs"])
+        found = self._checkpoint.load_log()
+        for time_ms in sorted(found.records):
+            record = found.records[time_ms]
+            for source in self._graph.inputs:
+                if source.name in record["ranges"]:
+                    source.replay(time_ms, record["ranges"][source.name])
+        if found.records:
+            positions = found.records[max(found.records)].get("positions", {})
+            for source in self._graph.inputs:
+                source.restore_position(positions.get(source.name))
+        restored = self._restore_state(found.state_checkpoints())
+        for time_ms in found.pending:
+            record = found.records[time_ms]
+            info = BatchInfo(
+                time_ms,
+                self.clock.now_ms(),
+                {s.name: s.records_in(record["ranges"][s.name]) for s in self._graph.inputs},
+                dict(record.get("rateLimits", {})),
+                kind="replayed",
+            )
+            self._queue.put(info)
+        last = found.last_time if found.last_time is not None else self._graph.zero_ms
+        self.recovery = Recovery(found.pending, restored, found.torn, last + self._graph.batch_ms)
+        log.warning(
+            "recovered from %s: re-running %d uncommitted batches, state restored for %d streams, "
+            "%d torn log files skipped; resuming at %s",
+            self._checkpoint.path,
+            len(found.pending),
+            len(restored),
+            len(found.torn),
+            datetime_of(self.recovery.resume_ms),
+        )
+        return self.recovery.resume_ms
+
+    def _restore_state(self, candidates: dict[str, list[tuple[int, str]]]) -> dict[str, int]:
+        """Load each stateful stream's newest readable checkpoint; a torn one falls back."""
+        restored: dict[str, int] = {}
+        sc = self._ssc.sparkContext
+        for index, checkpoints in candidates.items():
+            stream = self._graph.streams[int(index)]
+            for time_ms, path in checkpoints:
+                try:
+                    rdd = RDD(sc._jsc.checkpointFile(path), sc, sc.serializer)
+                    rdd.count()
+                except Exception as error:
+                    log.warning(
+                        "state checkpoint %s unreadable (%s); trying an older one",
+                        path,
+                        str(error).splitlines()[0],
+                    )
+                    continue
+                partitions = getattr(stream, "_partitions", None)
+                if partitions is not None and rdd.getNumPartitions() == partitions:
+                    rdd.partitioner = Partitioner(partitions, portable_hash)
+                stream._restore(time_ms, rdd)
+                self._graph.keep_checkpoint(stream._index, time_ms, path)
+                restored[index] = time_ms
+                break
+        return restored
+
+    # -- planning -------------------------------------------------------------------------
+
+    def _generate_loop(self, first_ms: int) -> None:
+        next_ms = first_ms
+        while self.clock.wait_until(next_ms, self._stop_generating):
+            try:
+                self._plan(next_ms)
+            except Exception as error:
+                log.exception("planning batch %s failed", datetime_of(next_ms))
+                self._ssc._report_error(error)
+                return
+            next_ms += self._graph.batch_ms
+
+    def _plan(self, time_ms: int) -> None:
+        now = self.clock.now_ms()
+        ranges, records, limits = {}, {}, {}
+        for source in self._graph.inputs:
+            controller = self.rate_controllers.get(source.name)
+            budget = controller.max_records() if controller else None
+            ranges[source.name] = source.plan(time_ms, budget)
+            records[source.name] = source.records_in(ranges[source.name])
+            limits[source.name] = controller.rate_limit if controller else None
+        if self._checkpoint is not None:
+            self._checkpoint.write_batch(
+                time_ms,
+                {
+                    "ranges": ranges,
+                    "rateLimits": limits,
+                    "positions": {s.name: s.position() for s in self._graph.inputs},
+                },
+            )
+        kind = "catch-up" if now - time_ms >= self._graph.batch_ms else "live"
+        info = BatchInfo(time_ms, max(now, time_ms), records, limits, kind=kind)
+        self._notify("onBatchSubmitted", info)
+        self._queue.put(info)
+
+    def pending_batches(self) -> int:
+        return self._queue.qsize()
+
+    # -- running --------------------------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        while not self._stop_running.is_set():
+            info = self._queue.get()
+            if info is None:
+                return
+            self._run(info)
+            if self.state == "recovering" and self._queue.empty():
+                self.state = "running"
+
+    def _run(self, info: BatchInfo) -> None:
+        time_ms = info.batch_time_ms
+        info.processing_start_ms = self.clock.now_ms()
+        self.current = info
+        self._notify("onBatchStarted", info)
+        sc = self._ssc.sparkContext
+        sc.setJobGroup(f"dstream-batch-{time_ms}", f"batch {datetime_of(time_ms)}", True)
+        failure: BaseException | None = None
+        for output in self._graph.outputs:
+            try:
+                output.run(time_ms)
+            except Exception as error:
+                log.error("batch %s: output job failed: %s", datetime_of(time_ms), error)
+                failure = failure or error
+        info.state_checkpoints = self._graph.completed_checkpoints()
+        if failure is None:
+            self._commit(info)
+        else:
+            info.error = f"{type(failure).__name__}: {failure}"
+        info.processing_end_ms = self.clock.now_ms()
+        self._graph.clear_metadata(time_ms)
+        self.current = None
+        self.history.append(info)
+        for source_name, controller in self.rate_controllers.items():
+            controller.update(
+                info.processing_end_ms,
+                info.records.get(source_name, 0),
+                info.processingDelay() or 0,
+                info.schedulingDelay() or 0,
+            )
+        self._notify("onBatchCompleted", info)
+        with self._completed:
+            self._completed.notify_all()
+        if failure is not None:
+            self._ssc._report_error(failure)
+
+    def _commit(self, info: BatchInfo) -> None:
+        if self._checkpoint is None:
+            return
+        self._checkpoint.write_commit(info.batch_time_ms, {"state": info.state_checkpoints})
+        self._prune(info.batch_time_ms)
+
+    def _prune(self, time_ms: int) -> None:
+        """Keep log entries back to the oldest state checkpoint kept, minus the longest window."""
+        assert self._checkpoint is not None
+        stateful = self._graph.stateful_streams()
+        in_force = self._graph.in_force
+        if any(s._index not in in_force for s in stateful):
+            return
+        oldest = self._graph.oldest_checkpoint_in_force()
+        anchor = oldest if oldest is not None else time_ms
+        keep_from = anchor - self._graph.max_remember_ms() - self._graph.batch_ms
+        self._checkpoint.prune(keep_from, self._graph.state_paths_in_force())
+
+    def wait_for_batch(self, time_ms: int, timeout_s: float) -> BatchInfo:
+        """Block until the batch at time_ms has completed (tests and the CLI use it)."""
+        with self._completed:
+            done = self._completed.wait_for(
+                lambda: any(i.batch_time_ms >= time_ms for i in self.history), timeout_s
+            )
+        if not done:
+            raise TimeoutError(f"batch {time_ms} did not complete within {timeout_s} s")
+        return next(i for i in self.history if i.batch_time_ms >= time_ms)

@@ -1,0 +1,305 @@
+"""Input streams. A source never hands the driver records: it plans an input *range* per batch.
+
+`plan(time, max_records)` runs on the driver at each batch time and returns a JSON-able range
+(rate: offsets per partition; files: the exact file list) that goes into the batch log before the
+batch runs; `compute(time)` turns the recorded range into an RDD whose tasks read the records.
+A restarted driver feeds the same recorded ranges back, so a re-run batch reads the same input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pyspark import RDD
+
+from dstream import textgen
+from dstream.checkpoint import write_atomically
+from dstream.dstream import DStream
+
+if TYPE_CHECKING:
+    from dstream.context import StreamingContext
+
+
+class InputDStream(DStream):
+    """A stream with no parents whose RDD for a time comes from that time's planned range."""
+
+    replayable = True
+
+    def __init__(self, ssc: StreamingContext, name: str):
+        super().__init__(ssc, [], ssc._graph.batch_ms)
+        self.name = name
+        self._ranges: dict[int, Any] = {}
+        ssc._graph.add_input(self)
+
+    def signature(self) -> dict[str, Any]:
+        return {**super().signature(), "name": self.name}
+
+    def plan(self, time_ms: int, max_records: int | None) -> Any:
+        """Decide (and remember) the input of the batch at time_ms: at most max_records."""
+        planned = self._next_range(time_ms, max_records)
+        self._ranges[time_ms] = planned
+        return planned
+
+    def replay(self, time_ms: int, planned: Any) -> None:
+        """Adopt a range read back from the batch log."""
+        self._ranges[time_ms] = planned
+        self._advance_past(planned)
+
+    def compute(self, time_ms: int) -> RDD | None:
+        if time_ms not in self._ranges:
+            return None
+        return self._read(time_ms, self._ranges[time_ms])
+
+    def forget_before(self, time_ms: int) -> None:
+        for t in [t for t in self._ranges if t < time_ms]:
+            del self._ranges[t]
+
+    def records_in(self, planned: Any) -> int:
+        raise NotImplementedError
+
+    def backlog(self, now_ms: int) -> int | None:
+        """Records available but not yet admitted (None when the source cannot tell)."""
+        return None
+
+    def position(self) -> Any:
+        """Source state a restarted driver needs beyond the ranges (JSON-able)."""
+        return None
+
+    def restore_position(self, position: Any) -> None:
+        """Inverse of position()."""
+
+    def _next_range(self, time_ms: int, max_records: int | None) -> Any:
+        raise NotImplementedError
+
+    def _advance_past(self, planned: Any) -> None:
+        raise NotImplementedError
+
+    def _read(self, time_ms: int, planned: Any) -> RDD:
+        raise NotImplementedError
+
+
+class QueueInputDStream(InputDStream):
+    """queueStream: RDDs from a queue, one (or all) per batch. In memory, so not replayable."""
+
+    replayable = False
+
+    def __init__(
+        self, ssc: StreamingContext, rdds: list[RDD], one_at_a_time: bool, default: RDD | None
+    ):
+        super().__init__(ssc, f"queue-{len(ssc._graph.inputs)}")
+        self._queue = list(rdds)
+        self._one_at_a_time = one_at_a_time
+        self._default = default
+        self._planned_rdds: dict[int, RDD] = {}
+
+    def _next_range(self, time_ms: int, max_records: int | None) -> Any:
+        if self._one_at_a_time and self._queue:
+            taken = [self._queue.pop(0)]
+        else:
+            taken, self._queue = self._queue, []
+        if taken:
+            rdd = taken[0] if len(taken) == 1 else self._sc.union(taken)
+        else:
+            rdd = self._default if self._default is not None else self._sc.emptyRDD()
+        self._planned_rdds[time_ms] = rdd
+        return None
+
+    def _advance_past(self, planned: Any) -> None:
+        raise RuntimeError("queueStream keeps its RDDs in memory and cannot be replayed")
+
+    def _read(self, time_ms: int, planned: Any) -> RDD:
+        return self._planned_rdds[time_ms]
+
+    def forget_before(self, time_ms: int) -> None:
+        super().forget_before(time_ms)
+        for t in [t for t in self._planned_rdds if t < time_ms]:
+            del self._planned_rdds[t]
+
+    def records_in(self, planned: Any) -> int:
+        return 0
+
+
+class RateInputDStream(InputDStream):
+    """Deterministic text lines arriving at records_per_second, spread over partitions.
+
+    Records are addressed by (partition, offset); offset n of a partition becomes available at
+    zero time + n * partitions / rate, so the input is a pure function of time and replays exactly.
+    """
+
+    def __init__(
+        self,
+        ssc: StreamingContext,
+        records_per_second: int,
+        partitions: int = 2,
+        seed: int = 0,
+        record_bytes: int = 100,
+        name: str = "rate",
+    ):
+        super().__init__(ssc, name)
+        self.records_per_second = records_per_second
+        self.partitions = partitions
+        self.seed = seed
+        self.record_bytes = record_bytes
+        self._next = [0] * partitions
+
+    def signature(self) -> dict[str, Any]:
+        return {**super().signature(), "partitions": self.partitions, "seed": self.seed}
+
+    def _available(self, time_ms: int) -> list[int]:
+        elapsed = max(0, time_ms - self._ssc._graph.zero_ms)
+        total = self.records_per_second * elapsed // 1000
+        base, extra = divmod(total, self.partitions)
+        return [base + (1 if p < extra else 0) for p in range(self.partitions)]
+
+    def backlog(self, now_ms: int) -> int:
+        return sum(max(0, a - n) for a, n in zip(self._available(now_ms), self._next, strict=True))
+
+    def _next_range(self, time_ms: int, max_records: int | None) -> Any:
+        waiting = [max(0, a - n) for a, n in zip(self._available(time_ms), self._next, strict=True)]
+        admitted = split_budget(waiting, max_records)
+        planned = [[n, n + k] for n, k in zip(self._next, admitted, strict=True)]
+        self._advance_past(planned)
+        return planned
+
+    def _advance_past(self, planned: Any) -> None:
+        self._next = [max(n, end) for n, (_start, end) in zip(self._next, planned, strict=True)]
+
+    def records_in(self, planned: Any) -> int:
+        return sum(end - start for start, end in planned)
+
+    def _read(self, time_ms: int, planned: Any) -> RDD:
+        seed, size = self.seed, self.record_bytes
+        slices = [(p, start, end) for p, (start, end) in enumerate(planned)]
+
+        def generate(split: int, items: Iterator[tuple[int, int, int]]) -> Iterator[str]:
+            for partition, start, end in items:
+                yield from textgen.lines(seed, size, partition, start, end)
+
+        return self._sc.parallelize(slices, len(slices)).mapPartitionsWithIndex(generate)
+
+
+def split_budget(waiting: list[int], budget: int | None) -> list[int]:
+    """Share a record budget across partitions in proportion to their backlog (all if no budget)."""
+    total = sum(waiting)
+    if budget is None or budget >= total:
+        return list(waiting)
+    shares = [w * budget // total for w in waiting]
+    leftover = budget - sum(shares)
+    by_remainder = sorted(range(len(waiting)), key=lambda i: -(waiting[i] * budget % total))
+    for i in by_remainder[:leftover]:
+        shares[i] += 1
+    return shares
+
+
+class FileInputDStream(InputDStream):
+    """New files in a directory, in name order (names starting with '.' or '_' are ignored).
+
+    The source remembers every file it handed out (in the batch log), so a restart neither
+    re-reads nor skips a file. With format 'json', each line must be a JSON document; a malformed
+    line is written with its file and line number to the dead-letter directory and skipped.
+    """
+
+    def __init__(
+        self,
+        ssc: StreamingContext,
+        directory: str,
+        format: str = "text",
+        new_files_only: bool = False,
+        name: str = "files",
+        bytes_per_record: int = 100,
+    ):
+        super().__init__(ssc, name)
+        self.directory = Path(directory)
+        self.format = format
+        self._seen: set[str] = set()
+        self._bytes_per_record = bytes_per_record
+        if new_files_only:
+            self._seen.update(self._listing())
+
+    def signature(self) -> dict[str, Any]:
+        return {**super().signature(), "format": self.format}
+
+    def _listing(self) -> list[str]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(
+            entry.name
+            for entry in os.scandir(self.directory)
+            if entry.is_file() and not entry.name.startswith((".", "_"))
+        )
+
+    def _estimate(self, name: str) -> int:
+        try:
+            size = (self.directory / name).stat().st_size
+        except FileNotFoundError:
+            return 0
+        return max(1, size // self._bytes_per_record)
+
+    def backlog(self, now_ms: int) -> int:
+        return sum(self._estimate(n) for n in self._listing() if n not in self._seen)
+
+    def _next_range(self, time_ms: int, max_records: int | None) -> Any:
+        chosen: list[str] = []
+        admitted = 0
+        for name in self._listing():
+            if name in self._seen:
+                continue
+            estimate = self._estimate(name)
+            if chosen and max_records is not None and admitted + estimate > max_records:
+                break
+            chosen.append(name)
+            admitted += estimate
+        self._advance_past({"files": chosen})
+        return {"files": chosen, "records": admitted}
+
+    def _advance_past(self, planned: Any) -> None:
+        self._seen.update(planned["files"])
+
+    def position(self) -> Any:
+        return {"seen": sorted(self._seen)}
+
+    def restore_position(self, position: Any) -> None:
+        if position:
+            self._seen.update(position["seen"])
+
+    def records_in(self, planned: Any) -> int:
+        return int(planned.get("records", 0))
+
+    def _read(self, time_ms: int, planned: Any) -> RDD:
+        files = [str(self.directory / name) for name in planned["files"]]
+        if not files:
+            return self._sc.emptyRDD()
+        if self.format == "text":
+            return self._sc.parallelize(files, len(files)).flatMap(_read_text_lines)
+        deadletter = self._ssc._graph.deadletter_dir(time_ms)
+        return self._sc.parallelize(files, len(files)).flatMap(
+            lambda path: _read_json_lines(path, deadletter)
+        )
+
+
+def _read_text_lines(path: str) -> Iterator[str]:
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            yield line.rstrip("\n")
+
+
+def _read_json_lines(path: str, deadletter: str | None) -> Iterator[Any]:
+    """Parsed JSON lines; malformed ones go to `<deadletter>/<file>.jsonl` (idempotent per batch)."""
+    malformed = []
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except ValueError as error:
+                malformed.append(
+                    {"file": path, "line": number, "error": str(error), "record": line.rstrip("\n")}
+                )
+    if malformed and deadletter is not None:
+        body = "".join(json.dumps(m) + "\n" for m in malformed).encode()
+        write_atomically(Path(deadletter) / f"{Path(path).name}.jsonl", body)

@@ -1,0 +1,30 @@
+"""Shared fixtures: one local SparkContext for the whole session keeps the suite fast."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+@pytest.fixture(scope="session")
+def sc():
+    from pyspark import SparkConf, SparkContext
+
+    conf = (
+        SparkConf()
+        .setMaster("local[2]")
+        .setAppName("dstream-tests")
+        .set("spark.ui.enabled", "false")
+        .set("spark.default.parallelism", "2")
+        .set("spark.driver.bindAddress", "127.0.0.1")
+        .set("spark.driver.host", "127.0.0.1")
+    )
+    context = SparkContext.getOrCreate(conf)
+    context.setLogLevel("ERROR")
+    yield context
+    context.stop()
