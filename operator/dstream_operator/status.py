@@ -19,6 +19,7 @@ Phase = Literal["Pending", "Starting", "Running", "Recovering", "Suspended", "Fa
 PHASES: tuple[Phase, ...] = ("Pending", "Starting", "Running", "Recovering", "Suspended", "Failed")
 
 STOP_REASON_ANNOTATION = "dstream.dev/stop-reason"
+SPEC_HASH_ANNOTATION = "dstream.dev/spec-hash"
 
 # The driver API's `state` values that name a phase of their own; the others follow the pod.
 _DRIVER_STATE_PHASE: dict[str, Phase] = {
@@ -94,6 +95,7 @@ class PodFacts:
     scheduled: bool
     deleting: bool
     stop_reason: str | None
+    spec_hash: str | None
     reason: str | None
     message: str | None
     exit_code: int | None
@@ -101,6 +103,11 @@ class PodFacts:
     @property
     def terminal(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def alive(self) -> bool:
+        """Running or about to: neither ended nor on its way out."""
+        return not self.terminal and not self.deleting
 
     def describe_end(self) -> str:
         """A one-line account of why the pod ended, for events and status messages."""
@@ -119,6 +126,7 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
     status = pod.get("status") or {}
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
     terminated = _first_terminated(status)
+    annotations = metadata.get("annotations") or {}
     return PodFacts(
         name=metadata.get("name", ""),
         uid=metadata.get("uid"),
@@ -126,7 +134,8 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
         ready=conditions.get("Ready") == "True",
         scheduled=conditions.get("PodScheduled") == "True",
         deleting=metadata.get("deletionTimestamp") is not None,
-        stop_reason=(metadata.get("annotations") or {}).get(STOP_REASON_ANNOTATION),
+        stop_reason=annotations.get(STOP_REASON_ANNOTATION),
+        spec_hash=annotations.get(SPEC_HASH_ANNOTATION),
         reason=(terminated or {}).get("reason") or status.get("reason"),
         message=(terminated or {}).get("message") or status.get("message"),
         exit_code=(terminated or {}).get("exitCode"),

@@ -1,0 +1,167 @@
+"""kopf handlers: StreamingJob lifecycle, pod watching, and the supervisor's start and stop.
+
+The handlers own the job's fixed children (ServiceAccount, Role, RoleBinding, ConfigMap,
+Service) and the optional checkpoint cleanup on deletion; the supervisor owns the driver pod and
+the status (see supervisor.py). The operator's memo carries `kube` (a `Kube` client) and
+`supervision` (`SupervisorSettings`); main.py builds it, tests build their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from typing import Any
+
+import kopf
+
+from dstream_operator import resources
+from dstream_operator.metrics import counted
+from dstream_operator.reconcile import STOP_JOB_DELETION
+from dstream_operator.status import pod_facts
+from dstream_operator.supervisor import (
+    JobBook,
+    Supervisor,
+    owner_of,
+    parse,
+    stop_driver,
+)
+
+JOBS = ("dstream.dev", "v1alpha1", "streamingjobs")
+DRIVER_PODS = {resources.ROLE_LABEL: "driver", resources.JOB_LABEL: kopf.PRESENT}
+EXECUTOR_PODS = {resources.ROLE_LABEL: "executor", resources.JOB_LABEL: kopf.PRESENT}
+FINALIZER = "dstream.dev/checkpoint-cleanup"
+WAIT_SECONDS = 3
+
+
+@kopf.on.startup()
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Keep kopf's bookkeeping in annotations (the status schema is ours and pruned), post only
+    our own decisions and kopf's warnings as Events, and start the supervisor."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="dstream.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="dstream.dev", key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = FINALIZER
+    settings.posting.level = logging.WARNING
+    memo.book = JobBook()
+    supervisor = Supervisor(memo.book, memo.kube, memo.supervision)
+    memo.supervisor_task = asyncio.create_task(supervisor.run_forever(), name="supervisor")
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    memo.supervisor_task.cancel()
+    await asyncio.gather(memo.supervisor_task, return_exceptions=True)
+    await memo.kube.close()
+
+
+@kopf.on.resume(*JOBS)
+@kopf.on.create(*JOBS)
+@counted("create")
+async def set_up(
+    body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo,
+    logger: logging.Logger, **_: Any,
+) -> None:
+    """Create (or repair) the job's fixed children; the supervisor then starts the driver."""
+    key = (meta["namespace"], meta["name"])
+    job, problems = parse(dict(body))
+    if job is None:
+        logger.warning("invalid spec, nothing set up: %s", "; ".join(problems))
+    else:
+        for child in resources.children(job, owner_of(dict(body))):
+            await memo.kube.apply(child)
+        kopf.event(body, type="Normal", reason="SetUp",
+                   message="ServiceAccount, Role, RoleBinding, ConfigMap and Service in place")
+        patch.status["observedGeneration"] = meta.get("generation")
+    memo.book.mark_set_up(key)
+
+
+@kopf.on.update(*JOBS, field="spec")
+@counted("update")
+async def spec_changed(
+    old: Any, new: Any, body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo,
+    logger: logging.Logger, **_: Any,
+) -> None:
+    """Publish the new spec to the driver's ConfigMap and say what the change will do; the
+    supervisor restarts the driver when its spec fingerprint no longer matches."""
+    key = (meta["namespace"], meta["name"])
+    job, problems = parse(dict(body))
+    if job is None:
+        logger.warning("invalid spec, change not applied: %s", "; ".join(problems))
+        return
+    await memo.kube.apply(resources.config_map(job, owner_of(dict(body))))
+    changed = resources.restart_fields(dict(old or {}), dict(new or {}))
+    if memo.book.reset_failure(key):
+        kopf.event(body, type="Normal", reason="Retrying",
+                   message="spec changed on a Failed job: starting again with a fresh budget")
+    if changed and not job.spec.suspend:
+        message = f"{', '.join(changed)} changed: restarting the driver from its checkpoint"
+    else:
+        message = "applied without restarting the driver"
+    kopf.event(body, type="Normal", reason="SpecChanged", message=message)
+    patch.status["observedGeneration"] = meta.get("generation")
+
+
+def deletes_checkpoint(spec: kopf.Spec, **_: Any) -> bool:
+    """Only jobs that ask for checkpoint deletion get a finalizer."""
+    return bool((spec.get("checkpoint") or {}).get("deleteOnJobDeletion"))
+
+
+@kopf.on.delete(*JOBS, when=deletes_checkpoint, timeout=600)
+@counted("delete")
+async def delete_checkpoint(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Stop the driver, then delete the checkpoint with a one-off pod on the job's volume.
+    A failed cleanup is reported, not retried forever: the job's deletion must not hang."""
+    owner = owner_of(dict(body))
+    job, _problems = parse(dict(body))
+    checkpoint = resources.shared_checkpoint(job) if job else None
+    if job is None or checkpoint is None:
+        kopf.event(body, type="Normal", reason="CheckpointNotShared",
+                   message="the checkpoint is not on a job volume: nothing to delete")
+        return
+    if await stop_driver(memo.kube, owner, STOP_JOB_DELETION):
+        raise kopf.TemporaryError("waiting for the driver to stop", delay=WAIT_SECONDS)
+    name = resources.cleanup_pod_name(owner.name)
+    cleanup = await memo.kube.get("v1", "Pod", owner.namespace, name)
+    if cleanup is None:
+        await memo.kube.create(resources.cleanup_pod(job, owner, checkpoint))
+        kopf.event(body, type="Normal", reason="DeletingCheckpoint",
+                   message=f"deleting checkpoint {checkpoint} with pod {name}")
+        raise kopf.TemporaryError("waiting for the checkpoint cleanup", delay=WAIT_SECONDS)
+    phase = (cleanup.get("status") or {}).get("phase")
+    if phase == "Succeeded":
+        kopf.event(body, type="Normal", reason="CheckpointDeleted", message=checkpoint)
+    elif phase == "Failed":
+        kopf.event(body, type="Warning", reason="CheckpointNotDeleted",
+                   message=f"cleanup pod {name} failed; delete {checkpoint} by hand")
+    else:
+        raise kopf.TemporaryError("waiting for the checkpoint cleanup", delay=WAIT_SECONDS)
+
+
+@kopf.on.event(*JOBS)
+async def job_seen(
+    type: str | None, body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, **_: Any
+) -> None:
+    detached = copy.deepcopy(dict(body))  # kopf's body views change under our feet
+    memo.book.see_job((namespace, name), None if type == "DELETED" else detached)
+
+
+@kopf.on.event("", "v1", "pods", labels=DRIVER_PODS)
+async def driver_pod_seen(
+    type: str | None, body: kopf.Body, name: str, namespace: str, labels: kopf.Labels,
+    memo: kopf.Memo, **_: Any,
+) -> None:
+    job = labels[resources.JOB_LABEL]
+    if name == resources.driver_name(job):
+        memo.book.see_driver((namespace, job), pod_facts(body), deleted=type == "DELETED")
+
+
+@kopf.on.event("", "v1", "pods", labels=EXECUTOR_PODS)
+async def executor_pod_seen(
+    type: str | None, body: kopf.Body, namespace: str, labels: kopf.Labels, memo: kopf.Memo,
+    **_: Any,
+) -> None:
+    key = (namespace, labels[resources.JOB_LABEL])
+    memo.book.see_executor(key, pod_facts(body), deleted=type == "DELETED")
+

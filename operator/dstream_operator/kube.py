@@ -1,0 +1,138 @@
+"""A small asynchronous Kubernetes client for the few kinds the operator writes.
+
+kopf already runs an asyncio loop with aiohttp; the operator's own writes go through the same
+stack instead of a threaded client, and objects stay plain dicts from `resources`, end to end.
+Credentials come from the official client's configuration loaders (in-cluster or kubeconfig).
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+import aiohttp
+import kubernetes
+
+PLURALS = {
+    "Pod": "pods",
+    "Service": "services",
+    "ConfigMap": "configmaps",
+    "ServiceAccount": "serviceaccounts",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "StreamingJob": "streamingjobs",
+}
+
+
+class KubeError(Exception):
+    """A failed API call, with the HTTP status the API server answered."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    """The REST path of a namespaced collection or of one object in it."""
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}"
+    return f"{path}/{name}" if name else path
+
+
+class Kube:
+    """Create, read, merge-patch and delete namespaced objects given as dicts."""
+
+    def __init__(self, configuration: kubernetes.client.Configuration):
+        self._configuration = configuration
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_environment(cls) -> Kube:
+        """In a pod: its ServiceAccount; elsewhere: the current kubeconfig context."""
+        configuration = kubernetes.client.Configuration()
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=configuration)
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config(client_configuration=configuration)
+        return cls(configuration)
+
+    def _ssl(self) -> ssl.SSLContext | bool:
+        config = self._configuration
+        if not config.host.startswith("https"):
+            return False
+        if not config.verify_ssl:
+            return False
+        context = ssl.create_default_context(cafile=config.ssl_ca_cert)
+        if config.cert_file:
+            context.load_cert_chain(config.cert_file, config.key_file)
+        return context
+
+    def _headers(self) -> dict[str, str]:
+        # The hook re-reads a projected ServiceAccount token before it expires.
+        token = self._configuration.get_api_key_with_prefix("authorization")
+        return {"Authorization": token} if token else {}
+
+    async def _request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> dict[str, Any] | None:
+        """The decoded answer; None for 404; KubeError for any other failure."""
+        if self._session is None:
+            connector = aiohttp.TCPConnector(ssl=self._ssl())
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=30)
+            )
+        headers = self._headers() | {"Content-Type": content_type}
+        url = self._configuration.host.rstrip("/") + path
+        async with self._session.request(method, url, json=body, headers=headers) as response:
+            if response.status == 404:
+                return None
+            if response.status >= 400:
+                raise KubeError(response.status, await response.text())
+            return await response.json(content_type=None)
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """Create; None if it already exists (creation is how the operator claims a name)."""
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"])
+        try:
+            return await self._request("POST", path, obj)
+        except KubeError as error:
+            if error.status == 409:
+                return None
+            raise
+
+    async def apply(self, obj: dict[str, Any]) -> None:
+        """Create, or bring an existing object's fields to the given values."""
+        if await self.create(obj) is None:
+            meta = obj["metadata"]
+            await self.patch(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"], obj)
+
+    async def get(
+        self, api_version: str, kind: str, namespace: str, name: str
+    ) -> dict[str, Any] | None:
+        return await self._request("GET", object_path(api_version, kind, namespace, name))
+
+    async def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        subresource: str | None = None,
+    ) -> dict[str, Any] | None:
+        """JSON merge patch; None if the object is gone."""
+        path = object_path(api_version, kind, namespace, name)
+        if subresource:
+            path = f"{path}/{subresource}"
+        return await self._request("PATCH", path, patch, "application/merge-patch+json")
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete with the object's own grace period; False if it was already gone."""
+        path = object_path(api_version, kind, namespace, name)
+        return await self._request("DELETE", path) is not None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -1,0 +1,66 @@
+"""`dstream-operator`: run the kopf operator for StreamingJobs.
+
+    dstream-operator --namespace jobs [--namespace more] | --all-namespaces
+                     [--liveness http://0.0.0.0:8081/healthz] [--metrics-port 8080]
+                     [--peering dstream | --standalone] [--driver-host service|pod-ip]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import kopf
+import prometheus_client
+
+from dstream_operator import handlers  # noqa: F401  (importing registers the kopf handlers)
+from dstream_operator.kube import Kube
+from dstream_operator.supervisor import SupervisorSettings
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="dstream-operator", description=__doc__.split("\n")[0])
+    scope = parser.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--namespace", "-n", action="append", metavar="NS",
+                       help="watch this namespace (repeatable; kopf globs like 'team-*' work)")
+    scope.add_argument("--all-namespaces", "-A", action="store_true",
+                       help="watch the whole cluster")
+    parser.add_argument("--liveness", metavar="URL",
+                        help="kopf's liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
+    parser.add_argument("--metrics-port", type=int, default=8080,
+                        help="serve Prometheus metrics on this port (0: off)")
+    peering = parser.add_mutually_exclusive_group()
+    peering.add_argument("--peering", metavar="NAME", default="dstream",
+                         help="kopf peering object; a second operator on it stays paused")
+    peering.add_argument("--standalone", action="store_true",
+                         help="no peering: only when a single operator is guaranteed")
+    parser.add_argument("--driver-host", choices=["service", "pod-ip"], default="service",
+                        help="how executors reach a driver: the Service's DNS name or the pod IP")
+    parser.add_argument("--poll-seconds", type=float, default=5.0,
+                        help="how often drivers are polled for status")
+    parser.add_argument("--verbose", "-v", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    kopf.configure(verbose=args.verbose)
+    if args.metrics_port:
+        prometheus_client.start_http_server(args.metrics_port)
+    memo = kopf.Memo(
+        kube=Kube.from_environment(),
+        supervision=SupervisorSettings(
+            interval_seconds=args.poll_seconds, driver_host=args.driver_host
+        ),
+    )
+    kopf.run(
+        clusterwide=args.all_namespaces,
+        namespaces=args.namespace or (),
+        liveness_endpoint=args.liveness,
+        standalone=True if args.standalone else None,
+        peering_name=None if args.standalone else args.peering,
+        memo=memo,
+    )
+
+
+if __name__ == "__main__":
+    main()

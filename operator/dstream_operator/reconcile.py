@@ -1,0 +1,178 @@
+"""One supervision step for one job, as a pure function: what is seen in, what to do out.
+
+The supervisor calls `plan` whenever a job or its pods change and on every poll tick. Being
+level-triggered, the same observation always yields the same plan, so a missed event or an
+operator restart costs nothing but a tick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from dstream.spec import StreamingJob
+
+from dstream_operator import restarts
+from dstream_operator.status import (
+    DriverReport,
+    JobStatus,
+    PodFacts,
+    running_phase,
+    with_driver,
+    with_phase,
+)
+
+# Why the operator stopped a driver; written on the pod before deleting it, so the pod's
+# disappearance is not mistaken for a failure.
+STOP_SUSPEND = "suspend"
+STOP_SPEC_CHANGE = "spec-change"
+STOP_ENDED = "ended"
+STOP_JOB_DELETION = "job-deletion"
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the StreamingJob."""
+
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything `plan` looks at."""
+
+    job: StreamingJob | None  # None when the spec is invalid
+    problems: tuple[str, ...]  # why the spec is invalid
+    status: JobStatus
+    driver: PodFacts | None  # the driver pod as it is now
+    vanished: PodFacts | None  # a driver pod that disappeared since the last step
+    executors_ready: int
+    report: DriverReport | None
+    spec_hash: str  # of the current spec; a live driver with another one is outdated
+    now: datetime
+
+
+@dataclass
+class Plan:
+    """What to do: stop and/or create the driver, post events, write the status."""
+
+    status: JobStatus
+    stop_driver: str | None = None  # a STOP_* reason
+    create_driver: bool = False
+    restarted: bool = False
+    events: list[Event] = field(default_factory=list)
+
+
+def plan(seen: Observation) -> Plan:
+    """Decide for one job; see the module docstring."""
+    if seen.job is None:
+        return _invalid(seen)
+    job = seen.job
+    step = Plan(status=seen.status)
+    _handle_termination(seen, job, step)
+    if job.spec.suspend:
+        _suspend(seen, step)
+    elif step.status.phase != "Failed":
+        _run(seen, step)
+    alive = seen.driver if seen.driver is not None and seen.driver.alive else None
+    step.status = with_driver(
+        step.status,
+        alive,
+        seen.executors_ready if alive else 0,
+        job.spec.executor.instances,
+        seen.report if alive else None,
+        seen.now,
+    )
+    return step
+
+
+def _invalid(seen: Observation) -> Plan:
+    """Say what is wrong; a driver of the last valid spec keeps running, like an old
+    ReplicaSet during a rollout that cannot proceed."""
+    message = "invalid spec: " + "; ".join(seen.problems)
+    step = Plan(status=with_phase(seen.status, "Failed", message, seen.now))
+    if seen.status.phase != "Failed" or seen.status.message != message:
+        step.events.append(Event("Warning", "InvalidSpec", message))
+    return step
+
+
+def ended_driver(seen: Observation) -> restarts.Termination | None:
+    """A driver that ended on its own: it exited, or its pod vanished without us stopping it."""
+    driver, vanished = seen.driver, seen.vanished
+    if driver is not None and driver.terminal and not driver.deleting:
+        return restarts.Termination(driver.phase == "Failed", driver.describe_end())
+    if vanished is not None and vanished.stop_reason is None and not vanished.terminal:
+        return restarts.Termination(True, f"driver pod {vanished.name} was deleted")
+    return None
+
+
+def _handle_termination(seen: Observation, job: StreamingJob, step: Plan) -> None:
+    ended = ended_driver(seen)
+    if ended is None:
+        return
+    if seen.driver is not None and seen.driver.terminal:
+        step.stop_driver = STOP_ENDED  # frees the pod name for the next driver
+    if job.spec.suspend or step.status.phase == "Failed":
+        return
+    decision = restarts.decide(job.spec.restart_policy, step.status.restarts, ended)
+    if isinstance(decision, restarts.GiveUp):
+        step.status = with_phase(step.status, "Failed", decision.reason, seen.now)
+        step.events.append(Event("Warning", "JobFailed", decision.reason))
+        return
+    policy = job.spec.restart_policy
+    message = (
+        f"{ended.reason}; restart {decision.attempt}/{policy.max_restarts} "
+        f"in {decision.delay_seconds}s from the checkpoint"
+    )
+    step.status = with_phase(step.status, "Recovering", message, seen.now).model_copy(
+        update={
+            "restarts": decision.attempt,
+            "next_restart_time": seen.now + timedelta(seconds=decision.delay_seconds),
+        }
+    )
+    step.restarted = True
+    step.events.append(Event("Warning", "DriverLost", message))
+
+
+def _suspend(seen: Observation, step: Plan) -> None:
+    if seen.driver is not None and seen.driver.alive:
+        step.stop_driver = STOP_SUSPEND
+        step.events.append(
+            Event("Normal", "Suspending", "stopping the driver gracefully; checkpoint kept")
+        )
+    step.status = with_phase(
+        step.status, "Suspended", "suspended; the checkpoint is kept", seen.now
+    ).model_copy(update={"next_restart_time": None})
+
+
+def _run(seen: Observation, step: Plan) -> None:
+    driver, status = seen.driver, step.status
+    if driver is not None and driver.alive:
+        if driver.spec_hash != seen.spec_hash:
+            step.stop_driver = STOP_SPEC_CHANGE
+            step.events.append(
+                Event("Normal", "Restarting", "spec changed: restarting the driver gracefully")
+            )
+            step.status = with_phase(
+                status, "Starting", "restarting the driver for a spec change", seen.now
+            )
+            return
+        phase = running_phase(driver, status.restarts, seen.report)
+        step.status = with_phase(status, phase, None, seen.now)
+        return
+    if driver is not None:
+        return  # the old driver is still going away
+    due = status.next_restart_time
+    if due is not None and seen.now < due:
+        step.status = with_phase(status, "Recovering", status.message, seen.now)
+        return
+    step.create_driver = True
+    phase = "Recovering" if status.restarts else "Starting"
+    step.status = with_phase(status, phase, None, seen.now).model_copy(
+        update={"next_restart_time": None}
+    )
+    reason = "DriverRestarted" if due is not None else "DriverCreated"
+    step.events.append(Event("Normal", reason, "created the driver pod"))
+

@@ -1,0 +1,271 @@
+"""The supervisor: one background loop that keeps every job's driver alive and its status true.
+
+Watch handlers record what they see in a `JobBook` and wake the loop; the loop plans each job
+(`reconcile.plan`), acts, and writes `.status`. It is the only writer of the status fields it
+owns, which is what makes counting restarts race-free.
+
+Why not a kopf timer or daemon per job: kopf puts a finalizer on every object that has one, so
+`kubectl delete` of any StreamingJob would hang while the operator is down. Jobs get a finalizer
+only when they ask for checkpoint deletion (see handlers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import kopf
+from dstream.spec import API_VERSION, KIND, SpecError, StreamingJob, parse_job
+
+from dstream_operator import metrics, resources
+from dstream_operator.driver_api import fetch_report
+from dstream_operator.kube import Kube
+from dstream_operator.reconcile import Observation, Plan, plan
+from dstream_operator.status import (
+    STOP_REASON_ANNOTATION,
+    DriverReport,
+    JobStatus,
+    PodFacts,
+    pod_facts,
+)
+
+logger = logging.getLogger(__name__)
+
+JobKey = tuple[str, str]  # (namespace, name)
+
+
+@dataclass
+class JobMemory:
+    """What is known about one job between supervision steps."""
+
+    body: dict[str, Any] | None = None  # the StreamingJob as last seen
+    set_up: bool = False  # its ServiceAccount, Role, ConfigMap, Service exist
+    status: JobStatus | None = None  # as the supervisor last wrote it
+    driver: PodFacts | None = None
+    vanished: PodFacts | None = None  # a driver pod gone since the last step
+    executors: dict[str, bool] = field(default_factory=dict)  # pod name -> ready
+    report: DriverReport | None = None
+    polled_at: float = -math.inf
+
+    def current_status(self) -> JobStatus:
+        if self.status is not None:
+            return self.status
+        return JobStatus.model_validate((self.body or {}).get("status") or {})
+
+
+class JobBook:
+    """Jobs and their pods as the watch handlers report them; changes wake the supervisor."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[JobKey, JobMemory] = {}
+        self.changed = asyncio.Event()
+
+    def memory(self, key: JobKey) -> JobMemory:
+        return self.jobs.setdefault(key, JobMemory())
+
+    def see_job(self, key: JobKey, body: dict[str, Any] | None) -> None:
+        if body is None:
+            self.jobs.pop(key, None)
+        else:
+            self.memory(key).body = body
+        self.changed.set()
+
+    def mark_set_up(self, key: JobKey) -> None:
+        self.memory(key).set_up = True
+        self.changed.set()
+
+    def see_driver(self, key: JobKey, pod: PodFacts, deleted: bool) -> None:
+        memory = self.memory(key)
+        if deleted:
+            memory.driver, memory.vanished = None, pod
+        else:
+            memory.driver = pod
+        self.changed.set()
+
+    def see_executor(self, key: JobKey, pod: PodFacts, deleted: bool) -> None:
+        executors = self.memory(key).executors
+        if deleted:
+            executors.pop(pod.name, None)
+        else:
+            executors[pod.name] = pod.ready and pod.alive
+        self.changed.set()
+
+    def reset_failure(self, key: JobKey) -> bool:
+        """After a spec change a Failed job gets a fresh restart budget; True if it was Failed."""
+        memory = self.memory(key)
+        status = memory.current_status()
+        if status.phase != "Failed":
+            return False
+        memory.status = status.model_copy(
+            update={"phase": "Pending", "restarts": 0, "next_restart_time": None,
+                    "message": "spec changed; starting again"}
+        )
+        self.changed.set()
+        return True
+
+    async def wait(self, timeout: float) -> None:
+        """Until something changes or `timeout` seconds pass."""
+        try:
+            await asyncio.wait_for(self.changed.wait(), timeout)
+        except TimeoutError:
+            pass
+        self.changed.clear()
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    interval_seconds: float = 5.0  # status refresh and driver API poll period
+    poll_timeout_seconds: float = 2.0
+    driver_host: resources.DriverHost = "service"
+
+
+def owner_of(body: dict[str, Any]) -> resources.Owner:
+    meta = body["metadata"]
+    return resources.Owner(meta["name"], meta["namespace"], meta.get("uid", ""))
+
+
+def event_target(owner: resources.Owner) -> dict[str, Any]:
+    """The StreamingJob as kopf's event poster wants to see it."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": owner.name, "namespace": owner.namespace, "uid": owner.uid},
+    }
+
+
+def parse(body: dict[str, Any]) -> tuple[StreamingJob | None, tuple[str, ...]]:
+    """The job model of a StreamingJob object, or the problems that make it invalid."""
+    meta = body.get("metadata") or {}
+    document = {
+        "apiVersion": body.get("apiVersion", API_VERSION),
+        "kind": body.get("kind", KIND),
+        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
+        "spec": body.get("spec"),
+    }
+    try:
+        return parse_job(document, f"{meta.get('namespace')}/{meta.get('name')}"), ()
+    except SpecError as error:
+        return None, tuple(error.problems)
+
+
+async def stop_driver(kube: Kube, owner: resources.Owner, reason: str) -> bool:
+    """Mark the driver with why it is stopped, then delete it with its grace period (the
+    driver stops its stream gracefully on SIGTERM). False if there was no driver."""
+    name = resources.driver_name(owner.name)
+    marked = await kube.patch(
+        "v1", "Pod", owner.namespace, name,
+        {"metadata": {"annotations": {STOP_REASON_ANNOTATION: reason}}},
+    )
+    if marked is None:
+        return False
+    return await kube.delete("v1", "Pod", owner.namespace, name)
+
+
+class Supervisor:
+    """Runs supervision steps for all jobs in the book (see the module docstring)."""
+
+    def __init__(self, book: JobBook, kube: Kube, settings: SupervisorSettings):
+        self.book = book
+        self.kube = kube
+        self.settings = settings
+
+    async def run_forever(self) -> None:
+        async with aiohttp.ClientSession() as http:
+            while True:
+                await self.book.wait(self.settings.interval_seconds)
+                await self.step_all(http)
+
+    async def step_all(self, http: aiohttp.ClientSession) -> None:
+        keys = list(self.book.jobs)
+        results = await asyncio.gather(
+            *(self.step(key, http) for key in keys), return_exceptions=True
+        )
+        for key, result in zip(keys, results, strict=True):
+            if isinstance(result, Exception):
+                metrics.ERRORS.labels("supervise").inc()
+                logger.error("supervising %s/%s failed: %r", *key, result)
+        metrics.count_phases(
+            memory.current_status().phase for memory in self.book.jobs.values() if memory.body
+        )
+
+    async def step(self, key: JobKey, http: aiohttp.ClientSession) -> None:
+        memory = self.book.jobs.get(key)
+        if memory is None or memory.body is None or not memory.set_up:
+            return
+        if memory.body["metadata"].get("deletionTimestamp"):
+            return  # the deletion handler owns a job's last moments
+        metrics.RECONCILIATIONS.labels("supervise").inc()
+        owner = owner_of(memory.body)
+        job, problems = parse(memory.body)
+        vanished, memory.vanished = memory.vanished, None
+        try:
+            seen = Observation(
+                job=job,
+                problems=problems,
+                status=memory.current_status(),
+                driver=memory.driver,
+                vanished=vanished,
+                executors_ready=sum(memory.executors.values()),
+                report=await self._report(memory, owner, http),
+                spec_hash=resources.spec_hash(job) if job else "",
+                now=datetime.now(UTC),
+            )
+            step = plan(seen)
+            await self._act(step, memory, owner, job)
+        except Exception:
+            memory.vanished = memory.vanished or vanished  # decide on it again next time
+            raise
+        await self._write_status(memory, owner, step.status)
+
+    async def _report(
+        self, memory: JobMemory, owner: resources.Owner, http: aiohttp.ClientSession
+    ) -> DriverReport | None:
+        """The driver's last report, refreshed at most once per interval while it runs."""
+        driver = memory.driver
+        if driver is None or not driver.alive or driver.phase != "Running":
+            memory.report, memory.polled_at = None, -math.inf
+            return None
+        if time.monotonic() - memory.polled_at >= self.settings.interval_seconds:
+            memory.polled_at = time.monotonic()
+            report = await fetch_report(
+                http, resources.driver_url(owner), self.settings.poll_timeout_seconds
+            )
+            memory.report = report or memory.report
+        return memory.report
+
+    async def _act(
+        self, step: Plan, memory: JobMemory, owner: resources.Owner, job: StreamingJob | None
+    ) -> None:
+        if step.stop_driver and memory.driver is not None:
+            await stop_driver(self.kube, owner, step.stop_driver)
+            memory.driver = dataclasses.replace(
+                memory.driver, deleting=True, stop_reason=step.stop_driver
+            )
+        if step.create_driver and job is not None:
+            await self.kube.apply(resources.config_map(job, owner))
+            pod = resources.driver_pod(job, owner, self.settings.driver_host)
+            created = await self.kube.create(pod)
+            memory.driver = pod_facts(created or pod)
+        if step.restarted:
+            metrics.DRIVER_RESTARTS.labels(owner.namespace, owner.name).inc()
+        for event in step.events:
+            kopf.event(event_target(owner), type=event.type, reason=event.reason,
+                       message=event.message)
+
+    async def _write_status(
+        self, memory: JobMemory, owner: resources.Owner, status: JobStatus
+    ) -> None:
+        if status.to_patch() == memory.current_status().to_patch() and memory.status is not None:
+            return
+        await self.kube.patch(
+            API_VERSION, KIND, owner.namespace, owner.name, {"status": status.to_patch()},
+            subresource="status",
+        )
+        memory.status = status
