@@ -18,6 +18,7 @@ from dstream.apps import COUNTING, build_app
 from dstream.checkpoint import move_checkpoint_aside
 from dstream.context import StreamingContext
 from dstream.dstream import DStream
+from dstream.metrics import StreamingMetrics
 from dstream.scheduler import BatchInfo
 from dstream.sinks import ConsoleSink, FilesSink
 from dstream.spec import JobSpec, Source, StreamingJob, duration_ms
@@ -127,6 +128,8 @@ class JobRuntime:
         if fresh and job.spec.checkpoint is not None:
             move_checkpoint_aside(job.spec.checkpoint.path)
         self.ssc = build_context(job, self.sc)
+        self.metrics = StreamingMetrics(job.metadata.name, self.ssc)
+        self.ssc.addStreamingListener(self.metrics)
         self.started_at = time.time()
         self.stop_requested = False
 
@@ -152,4 +155,5 @@ class JobRuntime:
 
     def stop(self) -> None:
         """Graceful: the running batch completes and commits, then Spark stops."""
+        self.metrics.close()
         self.ssc.stop(stopSparkContext=True, stopGraceFully=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -46,6 +47,7 @@ class BatchInfo:
     processing_end_ms: int | None = None
     error: str | None = None
     state_checkpoints: dict[str, Any] = field(default_factory=dict)
+    checkpoint_seconds: float | None = None  # writing the batch record + commit marker
 
     def batchTime(self) -> datetime:
         return datetime_of(self.batch_time_ms)
@@ -292,7 +294,9 @@ class BatchScheduler:
             ranges[source.name] = source.plan(time_ms, budget)
             records[source.name] = source.records_in(ranges[source.name])
             limits[source.name] = controller.rate_limit if controller else None
+        checkpoint_seconds = None
         if self._checkpoint is not None:
+            started = time.perf_counter()
             self._checkpoint.write_batch(
                 time_ms,
                 {
@@ -301,8 +305,16 @@ class BatchScheduler:
                     "positions": {s.name: s.position() for s in self._graph.inputs},
                 },
             )
+            checkpoint_seconds = time.perf_counter() - started
         kind = "catch-up" if now - time_ms >= self._graph.batch_ms else "live"
-        info = BatchInfo(time_ms, max(now, time_ms), records, limits, kind=kind)
+        info = BatchInfo(
+            time_ms,
+            max(now, time_ms),
+            records,
+            limits,
+            kind=kind,
+            checkpoint_seconds=checkpoint_seconds,
+        )
         self._notify("onBatchSubmitted", info)
         self._queue.put(info)
 
@@ -359,7 +371,10 @@ class BatchScheduler:
     def _commit(self, info: BatchInfo) -> None:
         if self._checkpoint is None:
             return
+        started = time.perf_counter()
         self._checkpoint.write_commit(info.batch_time_ms, {"state": info.state_checkpoints})
+        committing = time.perf_counter() - started
+        info.checkpoint_seconds = (info.checkpoint_seconds or 0.0) + committing
         self._prune(info.batch_time_ms)
 
     def _prune(self, time_ms: int) -> None:

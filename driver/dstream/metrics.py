@@ -1,0 +1,310 @@
+"""Prometheus metrics of a running job, kept in a registry of its own.
+
+`StreamingMetrics` is a streaming listener: what a batch did (records, delays, failures, checkpoint
+time) is recorded when the batch completes, while what the job *is* right now (rate limits, PID
+terms, backlog, queued batches, recoveries, state size) is read from the scheduler at scrape time,
+so a scrape never shows a stale backlog because the job is stuck in a long batch.
+
+Every series carries a `job` label so that one Prometheus can tell many jobs apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from pyspark import RDD
+
+    from dstream.context import StreamingContext
+    from dstream.dstream import DStream
+    from dstream.scheduler import BatchInfo, BatchScheduler
+
+log = logging.getLogger(__name__)
+
+BATCH_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, math.inf)
+CHECKPOINT_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, math.inf)
+# What a driver restart found, as counted by dstream_recoveries_total{kind}.
+RECOVERY_KINDS = ("driver_restart", "replayed_batches", "restored_state", "torn_files")
+DEFAULT_STATE_KEYS_INTERVAL_S = 10.0
+STATE_KEYS_INTERVAL_CONF = "dstream.metrics.stateKeysIntervalSeconds"
+SAMPLER_JOB_GROUP = "dstream-state-keys"
+
+
+class StreamingMetrics:
+    """The job's metrics: a streaming listener plus a scrape-time collector, in one registry."""
+
+    def __init__(
+        self,
+        job: str,
+        ssc: StreamingContext,
+        state_keys_interval_s: float | None = None,
+    ):
+        """`state_keys_interval_s` defaults to the Spark conf's
+        dstream.metrics.stateKeysIntervalSeconds (spec.sparkConf), else 10 s."""
+        self.job = job
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._ssc = ssc
+        self._batch_counters(job)
+        self._last_batch_gauges(job)
+        if state_keys_interval_s is None:
+            state_keys_interval_s = state_keys_interval(ssc)
+        self.state_keys = StateKeysSampler(ssc, state_keys_interval_s)
+        self.registry.register(LiveCollector(job, ssc, self.state_keys))
+
+    def _batch_counters(self, job: str) -> None:
+        registry = self.registry
+        self.batches_completed = Counter(
+            "dstream_batches_completed_total",
+            "Batches that finished, successfully or not (failed ones are also counted in "
+            "dstream_failed_batches_total).",
+            ["job"],
+            registry=registry,
+        ).labels(job=job)
+        self.failed_batches = Counter(
+            "dstream_failed_batches_total",
+            "Batches whose output jobs failed.",
+            ["job"],
+            registry=registry,
+        ).labels(job=job)
+        self.input_records = Counter(
+            "dstream_input_records_total",
+            "Records admitted into completed batches, per source.",
+            ["job", "source"],
+            registry=registry,
+        )
+        for source in self._ssc._graph.inputs:
+            self.input_records.labels(job=job, source=source.name)
+        self.processing = Histogram(
+            "dstream_batch_processing_seconds",
+            "Time a batch spent running its output jobs.",
+            ["job"],
+            buckets=BATCH_SECONDS_BUCKETS,
+            registry=registry,
+        ).labels(job=job)
+        self.checkpoint = Histogram(
+            "dstream_checkpoint_seconds",
+            "Time spent writing a batch's record and commit marker to the checkpoint.",
+            ["job"],
+            buckets=CHECKPOINT_SECONDS_BUCKETS,
+            registry=registry,
+        ).labels(job=job)
+
+    def _last_batch_gauges(self, job: str) -> None:
+        def gauge(name: str, documentation: str) -> Any:
+            return Gauge(name, documentation, ["job"], registry=self.registry).labels(job=job)
+
+        self.last_processing = gauge(
+            "dstream_last_batch_processing_seconds", "Processing time of the last completed batch."
+        )
+        self.last_scheduling_delay = gauge(
+            "dstream_last_batch_scheduling_delay_seconds",
+            "How long the last completed batch waited in the queue before it started.",
+        )
+        self.last_total_delay = gauge(
+            "dstream_last_batch_total_delay_seconds",
+            "Scheduling delay plus processing time of the last completed batch.",
+        )
+        self.last_batch_time = gauge(
+            "dstream_last_completed_batch_timestamp_seconds",
+            "Batch time (unix seconds) of the last completed batch; alert when it stops moving.",
+        )
+
+    # -- streaming listener ----------------------------------------------------------------
+
+    def onBatchCompleted(self, event: Any) -> None:
+        info: BatchInfo = event.batchInfo()
+        self.batches_completed.inc()
+        if info.error is not None:
+            self.failed_batches.inc()
+        for source, records in info.records.items():
+            self.input_records.labels(job=self.job, source=source).inc(records)
+        processing, scheduling, total = (
+            info.processingDelay(),
+            info.schedulingDelay(),
+            info.totalDelay(),
+        )
+        if processing is not None:
+            self.processing.observe(processing / 1000)
+            self.last_processing.set(processing / 1000)
+        if scheduling is not None:
+            self.last_scheduling_delay.set(scheduling / 1000)
+        if total is not None:
+            self.last_total_delay.set(total / 1000)
+        if info.checkpoint_seconds is not None:
+            self.checkpoint.observe(info.checkpoint_seconds)
+        self.last_batch_time.set(info.batch_time_ms / 1000)
+        self.state_keys.maybe_sample()
+
+    def close(self) -> None:
+        """Stop sampling state sizes; call before stopping the SparkContext."""
+        self.state_keys.close()
+
+
+class StateKeysSampler:
+    """Counts the records of the newest RDD of each queryable or stateful stream.
+
+    Each count is a Spark job, so it runs at most once per interval, on a thread of its own (the
+    batch runner must not wait for it), and never two at a time.
+    """
+
+    def __init__(self, ssc: StreamingContext, interval_s: float):
+        self._ssc = ssc
+        self.interval_s = interval_s
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dstream-state-keys")
+        self._in_flight: Future[None] | None = None
+        self._last_started = -math.inf
+        self._lock = threading.Lock()
+        self.counts: dict[str, int] = {}
+
+    def maybe_sample(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last_started < self.interval_s:
+                return
+            if self._in_flight is not None and not self._in_flight.done():
+                return
+            newest = {name: rdd for name, rdd in self._newest_rdds() if rdd is not None}
+            self._last_started = now
+            self._in_flight = self._executor.submit(self._count, newest)
+
+    def _sampled_streams(self) -> Iterator[tuple[str, DStream]]:
+        """Registered query streams by name, then stateful streams nobody registered."""
+        registered = self._ssc.queryStreams
+        yield from registered.items()
+        named = {id(stream) for stream in registered.values()}
+        for stream in self._ssc._graph.stateful_streams():
+            if id(stream) not in named:
+                yield f"{type(stream).__name__}-{stream._index}", stream
+
+    def _newest_rdds(self) -> Iterator[tuple[str, RDD | None]]:
+        for name, stream in self._sampled_streams():
+            with stream._lock:
+                generated = stream._generated
+                yield name, generated[max(generated)] if generated else None
+
+    def _count(self, newest: dict[str, RDD]) -> None:
+        self._ssc.sparkContext.setJobGroup(SAMPLER_JOB_GROUP, "dstream state size sample", True)
+        counts = dict(self.counts)
+        for name, rdd in newest.items():
+            try:
+                counts[name] = rdd.count()
+            except Exception as error:  # Spark stopping under us, or a lost RDD: keep the last.
+                log.debug("counting the state of %s failed: %s", name, error)
+        self.counts = counts  # replaced whole, so a scrape never sees it half-updated
+
+    def close(self) -> None:
+        """Cancel an in-flight count and wait for it, so stopping Spark finds nothing running."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._ssc.sparkContext.cancelJobGroup(SAMPLER_JOB_GROUP)
+        self._executor.shutdown(wait=True)
+
+
+class LiveCollector(Collector):
+    """Metrics read from the scheduler at scrape time: what the job is doing right now."""
+
+    def __init__(self, job: str, ssc: StreamingContext, state_keys: StateKeysSampler):
+        self._job = job
+        self._ssc = ssc
+        self._state_keys = state_keys
+
+    def describe(self) -> list[Metric]:
+        return list(self._families(None))
+
+    def collect(self) -> list[Metric]:
+        return list(self._families(self._ssc._scheduler))
+
+    def _families(self, scheduler: BatchScheduler | None) -> Iterator[Metric]:
+        job = self._job
+        per_source = ["job", "source"]
+        rate = GaugeMetricFamily(
+            "dstream_rate_limit_records_per_second",
+            "Records per second the next batch may admit, per source (absent: unlimited).",
+            labels=per_source,
+        )
+        pid = {
+            "error": GaugeMetricFamily(
+                "dstream_pid_error",
+                "PID proportional term: last rate limit minus the measured processing rate "
+                "(records/s).",
+                labels=per_source,
+            ),
+            "historical_error": GaugeMetricFamily(
+                "dstream_pid_historical_error",
+                "PID integral term: records/s of backlog that the scheduling delay represents.",
+                labels=per_source,
+            ),
+            "derivative_error": GaugeMetricFamily(
+                "dstream_pid_derivative_error",
+                "PID derivative term: change of the error per second (records/s^2).",
+                labels=per_source,
+            ),
+        }
+        backlog = GaugeMetricFamily(
+            "dstream_backlog_records",
+            "Records available at the source but not admitted into any batch yet.",
+            labels=per_source,
+        )
+        pending = GaugeMetricFamily(
+            "dstream_pending_batches", "Batches planned and waiting to run.", labels=["job"]
+        )
+        recoveries = CounterMetricFamily(
+            "dstream_recoveries",
+            "What this driver's recovery from its checkpoint did, by kind (driver_restart: 1 "
+            "when it started from an earlier run's checkpoint).",
+            labels=["job", "kind"],
+        )
+        state = GaugeMetricFamily(
+            "dstream_state_keys",
+            "Keys (records) in the newest RDD of each queryable or stateful stream; sampled "
+            "periodically because counting is a Spark job.",
+            labels=["job", "stream"],
+        )
+        if scheduler is not None:
+            now_ms = scheduler.clock.now_ms()
+            for source in self._ssc._graph.inputs:
+                controller = scheduler.rate_controllers.get(source.name)
+                if controller is not None and controller.rate_limit is not None:
+                    rate.add_metric([job, source.name], controller.rate_limit)
+                terms = controller.estimator.last_terms if controller is not None else None
+                if terms is not None:
+                    pid["error"].add_metric([job, source.name], terms.error)
+                    pid["historical_error"].add_metric([job, source.name], terms.historical_error)
+                    pid["derivative_error"].add_metric([job, source.name], terms.derivative_error)
+                waiting = source.backlog(now_ms)
+                if waiting is not None:
+                    backlog.add_metric([job, source.name], waiting)
+            pending.add_metric([job], scheduler.pending_batches())
+            for kind, count in recovery_counts(scheduler).items():
+                recoveries.add_metric([job, kind], count)
+        for stream, keys in sorted(self._state_keys.counts.items()):
+            state.add_metric([job, stream], keys)
+        yield from (rate, *pid.values(), backlog, pending, recoveries, state)
+
+
+def recovery_counts(scheduler: BatchScheduler) -> dict[str, int]:
+    """dstream_recoveries_total{kind} and /v1/status recoveries: every kind, zero when none."""
+    recovery = scheduler.recovery
+    if recovery is None:
+        return dict.fromkeys(RECOVERY_KINDS, 0)
+    return {
+        "driver_restart": 1,
+        "replayed_batches": len(recovery.replayed),
+        "restored_state": len(recovery.restored_state),
+        "torn_files": len(recovery.torn_files),
+    }
+
+
+def state_keys_interval(ssc: StreamingContext) -> float:
+    """The sampling interval from the Spark conf (a job sets it through spec.sparkConf)."""
+    value = ssc.sparkContext.getConf().get(STATE_KEYS_INTERVAL_CONF)
+    return DEFAULT_STATE_KEYS_INTERVAL_S if value is None else float(value)
