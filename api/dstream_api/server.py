@@ -2,17 +2,37 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from typing import Any
 
 import uvicorn
 
 from dstream_api.app import create_app
 
+STARTUP_TIMEOUT_S = 30
+HOST_ENV = "DSTREAM_API_HOST"
 
-def serve_in_background(runtime: Any, port: int, host: str = "0.0.0.0") -> uvicorn.Server:
-    """Start uvicorn on its own thread; set `server.should_exit = True` to stop it."""
+
+def serve_in_background(runtime: Any, port: int, host: str | None = None) -> uvicorn.Server:
+    """Start uvicorn on its own thread and return once it listens (so the URL the CLI prints
+    works); raises if it cannot bind. Set `server.should_exit = True` to stop it.
+
+    The host defaults to $DSTREAM_API_HOST, else all interfaces (a pod's API must be reachable
+    by the operator and Prometheus); 127.0.0.1 keeps a laptop's or a test's driver private."""
+    host = host or os.environ.get(HOST_ENV, "0.0.0.0")
     config = uvicorn.Config(create_app(runtime), host=host, port=port, log_level="warning")
     server = uvicorn.Server(config)
-    threading.Thread(target=server.run, name="dstream-api", daemon=True).start()
+    thread = threading.Thread(target=server.run, name="dstream-api", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError(f"the API could not start on {host}:{port} (see the log above)")
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the API did not start on {host}:{port} within {STARTUP_TIMEOUT_S} s"
+            )
+        time.sleep(0.05)
     return server

@@ -1,0 +1,272 @@
+"""What the API needs from a running job, and its implementation over a live JobRuntime.
+
+The HTTP layer depends only on `JobView`, so it is tested fast and deterministically against a
+fake; `RuntimeView` is the one place that reads the engine's scheduler, streams and RDDs.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from dstream.metrics import recovery_counts
+
+from dstream_api.models import (
+    Batch,
+    LastBatch,
+    SliceResult,
+    Status,
+    StreamSummary,
+    TopEntry,
+)
+
+if TYPE_CHECKING:
+    from dstream.dstream import DStream
+    from dstream.job import JobRuntime
+    from dstream.scheduler import BatchInfo
+    from prometheus_client import CollectorRegistry
+    from pyspark import RDD
+
+Combine = Literal["sum", "latest"]
+
+
+class UnknownStreamError(LookupError):
+    """No stream is registered for queries under that name (HTTP 404)."""
+
+
+class QueryNotApplicableError(ValueError):
+    """The query does not fit the stream's records, e.g. top-K over non-numeric values (422)."""
+
+
+class QueryFailedError(RuntimeError):
+    """Spark could not run the query, e.g. because the job is stopping (503)."""
+
+
+@dataclass(frozen=True)
+class SliceQuery:
+    """An interactive query over a stream's retained RDDs between two batch times (inclusive)."""
+
+    stream: str
+    from_ms: int | None
+    to_ms: int | None
+    top: int | None
+    combine: Combine
+    limit: int
+
+
+class JobView(Protocol):
+    registry: CollectorRegistry
+
+    def status(self) -> Status: ...
+
+    def readiness(self) -> tuple[bool, str]: ...
+
+    def batches(self, limit: int) -> list[Batch]: ...
+
+    def streams(self) -> list[StreamSummary]: ...
+
+    def slice(self, query: SliceQuery) -> SliceResult: ...
+
+    def request_stop(self) -> str: ...
+
+
+def utc(time_ms: int) -> datetime:
+    return datetime.fromtimestamp(time_ms / 1000, UTC)
+
+
+def seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000
+
+
+def batch_of(info: BatchInfo) -> Batch:
+    return Batch(
+        time=utc(info.batch_time_ms),
+        kind=info.kind,
+        records=info.numRecords(),
+        records_by_source=dict(info.records),
+        rate_limit=dict(info.rate_limits),
+        scheduling_delay_seconds=seconds(info.schedulingDelay()),
+        processing_seconds=seconds(info.processingDelay()),
+        total_delay_seconds=seconds(info.totalDelay()),
+        checkpoint_seconds=info.checkpoint_seconds,
+        error=info.error,
+    )
+
+
+def last_batch_of(info: BatchInfo) -> LastBatch:
+    return LastBatch(
+        time=utc(info.batch_time_ms),
+        processing_seconds=seconds(info.processingDelay()),
+        scheduling_delay_seconds=seconds(info.schedulingDelay()),
+        total_delay_seconds=seconds(info.totalDelay()),
+        records=info.numRecords(),
+    )
+
+
+def jsonable(value: Any) -> Any:
+    """Records as JSON: tuples become lists, other objects their repr (keys can be anything)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, (list, tuple)):
+        return [jsonable(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    return repr(value)
+
+
+def is_numeric_pair(record: Any) -> bool:
+    return (
+        isinstance(record, tuple)
+        and len(record) == 2
+        and isinstance(record[1], (int, float))
+        and not isinstance(record[1], bool)
+    )
+
+
+class RuntimeView:
+    """JobView over a JobRuntime (the real driver)."""
+
+    def __init__(self, runtime: JobRuntime):
+        self._runtime = runtime
+        self.registry = runtime.metrics.registry
+        self._query_lock = threading.Lock()
+
+    # -- job state ----------------------------------------------------------------------
+
+    def _state(self) -> str:
+        scheduler = self._runtime.scheduler
+        if scheduler is None:
+            return "starting"
+        if self._runtime.stop_requested and scheduler.state in ("running", "recovering"):
+            return "stopping"
+        return scheduler.state
+
+    def _history(self) -> list[BatchInfo]:
+        scheduler = self._runtime.scheduler
+        return list(scheduler.history) if scheduler is not None else []
+
+    def status(self) -> Status:
+        runtime = self._runtime
+        scheduler = runtime.scheduler
+        sources = runtime.ssc._graph.inputs
+        history = self._history()
+        rate_limit: dict[str, float | None] = {source.name: None for source in sources}
+        backlog: dict[str, int | None] = {source.name: None for source in sources}
+        if scheduler is not None:
+            for name, controller in scheduler.rate_controllers.items():
+                rate_limit[name] = controller.rate_limit
+            now_ms = scheduler.clock.now_ms()
+            backlog = {source.name: source.backlog(now_ms) for source in sources}
+        return Status(
+            job=runtime.job.metadata.name,
+            state=self._state(),
+            batch_interval_seconds=runtime.job.spec.batch_interval_ms / 1000,
+            last_batch=last_batch_of(history[-1]) if history else None,
+            rate_limit=rate_limit,
+            pending_batches=scheduler.pending_batches() if scheduler is not None else 0,
+            backlog=backlog,
+            recoveries=recovery_counts(scheduler) if scheduler is not None else {},
+        )
+
+    def readiness(self) -> tuple[bool, str]:
+        state = self._state()
+        if state in ("stopping", "stopped"):
+            return False, f"the job is {state}"
+        if not self._history():
+            return False, "no batch has completed yet"
+        return True, "batches are completing"
+
+    def batches(self, limit: int) -> list[Batch]:
+        return [batch_of(info) for info in reversed(self._history()[-limit:])]
+
+    def request_stop(self) -> str:
+        self._runtime.stop_requested = True
+        return self._state()
+
+    # -- interactive queries ------------------------------------------------------------
+
+    def _last_completed_ms(self) -> int | None:
+        history = self._history()
+        return history[-1].batch_time_ms if history else None
+
+    def _retained(self, stream: DStream, from_ms: int | None, to_ms: int | None) -> dict[int, RDD]:
+        """The stream's RDDs of completed batches in [from_ms, to_ms]. Only what the stream
+        retains: a query never makes the engine compute batches it has not run (or dropped)."""
+        newest = self._last_completed_ms()
+        if newest is None:
+            return {}
+        upper = newest if to_ms is None else min(to_ms, newest)
+        lower = -math.inf if from_ms is None else from_ms
+        with stream._lock:
+            return {t: rdd for t, rdd in stream._generated.items() if lower <= t <= upper}
+
+    def streams(self) -> list[StreamSummary]:
+        summaries = []
+        for name, stream in sorted(self._runtime.ssc.queryStreams.items()):
+            times = sorted(self._retained(stream, None, None))
+            summaries.append(
+                StreamSummary(
+                    name=name,
+                    slide_seconds=stream._slide_ms / 1000,
+                    retain_seconds=stream._remember_ms / 1000,
+                    retained_batches=len(times),
+                    oldest=utc(times[0]) if times else None,
+                    newest=utc(times[-1]) if times else None,
+                )
+            )
+        return summaries
+
+    def slice(self, query: SliceQuery) -> SliceResult:
+        stream = self._runtime.ssc.queryStreams.get(query.stream)
+        if stream is None:
+            raise UnknownStreamError(query.stream)
+        retained = self._retained(stream, query.from_ms, query.to_ms)
+        times = sorted(retained)
+        if query.combine == "latest":
+            times = times[-1:]
+        result = SliceResult(
+            stream=query.stream,
+            batch_times=[utc(t) for t in times],
+            combine=query.combine,
+            top=[] if query.top is not None else None,
+            count=None if query.top is not None else 0,
+            sample=None if query.top is not None else [],
+        )
+        if not times:
+            return result
+        sc = self._runtime.sc
+        rdds = [retained[t] for t in times]
+        with self._query_lock:  # one Spark query at a time: queries must not starve the stream
+            try:
+                sc.setJobGroup("dstream-api-query", f"slice {query.stream}", True)
+                union = sc.union(rdds) if len(rdds) > 1 else rdds[0]
+                if query.top is not None:
+                    result.top = top_k(union, query.top, query.combine == "sum", query.stream)
+                else:
+                    result.count = union.count()
+                    result.sample = [jsonable(record) for record in union.take(query.limit)]
+            except QueryNotApplicableError:
+                raise
+            except Exception as error:
+                raise QueryFailedError(str(error).splitlines()[0]) from error
+        return result
+
+
+def top_k(union: RDD, k: int, summed: bool, stream: str) -> list[TopEntry]:
+    """The k (key, value) pairs with the largest values; values summed per key across batches."""
+    first = union.take(1)
+    if first and not is_numeric_pair(first[0]):
+        raise QueryNotApplicableError(
+            f"top-K needs (key, number) records; stream {stream!r} has e.g. {jsonable(first[0])!r}"
+        )
+    pairs = union.filter(is_numeric_pair)
+    if summed:
+        pairs = pairs.reduceByKey(operator.add)
+    best = pairs.takeOrdered(k, key=lambda pair: -pair[1])
+    return [TopEntry(key=jsonable(key), value=value) for key, value in best]

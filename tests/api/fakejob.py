@@ -1,0 +1,138 @@
+"""A deterministic JobView for testing the HTTP layer without Spark.
+
+Batches are real BatchInfo objects (so the status and batch mapping is the production code's);
+stream contents are Python lists per batch time, queried with the same semantics as RuntimeView.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from typing import Any
+
+from dstream.metrics import RECOVERY_KINDS
+from dstream.scheduler import BatchInfo
+from dstream_api.models import Batch, SliceResult, Status, StreamSummary, TopEntry
+from dstream_api.view import (
+    QueryFailedError,
+    QueryNotApplicableError,
+    SliceQuery,
+    UnknownStreamError,
+    batch_of,
+    is_numeric_pair,
+    jsonable,
+    last_batch_of,
+    utc,
+)
+from prometheus_client import CollectorRegistry, Counter
+
+JOB = "fake"
+ZERO_MS = 1_700_000_000_000
+BATCH_MS = 1000
+
+
+def batch_info(n: int) -> BatchInfo:
+    """The n-th batch (1-based): n*100 records, 50 ms of scheduling delay, 200 ms processing."""
+    time_ms = ZERO_MS + n * BATCH_MS
+    info = BatchInfo(time_ms, time_ms, {"rate": n * 100}, {"rate": 5000.0})
+    info.processing_start_ms = time_ms + 50
+    info.processing_end_ms = time_ms + 250
+    info.checkpoint_seconds = 0.004
+    return info
+
+
+def stream_contents(batches: int) -> dict[str, dict[int, list[Any]]]:
+    """`counts` holds (word, count) pairs per batch; `lines` holds plain text records."""
+    counts = {
+        ZERO_MS + n * BATCH_MS: [("a", n), ("b", 2 * n), (("t", n), 1)]
+        for n in range(1, batches + 1)
+    }
+    lines = {
+        ZERO_MS + n * BATCH_MS: [f"line {n}.{i}" for i in range(3)] for n in range(1, batches + 1)
+    }
+    return {"counts": counts, "lines": lines, "broken": dict.fromkeys(counts, [("x", 1)])}
+
+
+class FakeJob:
+    """JobView with `batches` completed batches; `stop_requested` records POST /v1/stop."""
+
+    def __init__(self, batches: int = 5):
+        self.history = [batch_info(n) for n in range(1, batches + 1)]
+        self.contents = stream_contents(batches)
+        self.stop_requested = False
+        self.registry = CollectorRegistry()
+        Counter(
+            "dstream_batches_completed_total", "Batches.", ["job"], registry=self.registry
+        ).labels(job=JOB).inc(batches)
+
+    def status(self) -> Status:
+        return Status(
+            job=JOB,
+            state="stopping" if self.stop_requested else "running",
+            batch_interval_seconds=BATCH_MS / 1000,
+            last_batch=last_batch_of(self.history[-1]) if self.history else None,
+            rate_limit={"rate": 5000.0},
+            pending_batches=0,
+            backlog={"rate": 1234},
+            recoveries=dict.fromkeys(RECOVERY_KINDS, 0),
+        )
+
+    def readiness(self) -> tuple[bool, str]:
+        if not self.history:
+            return False, "no batch has completed yet"
+        return True, "batches are completing"
+
+    def batches(self, limit: int) -> list[Batch]:
+        return [batch_of(info) for info in reversed(self.history[-limit:])]
+
+    def streams(self) -> list[StreamSummary]:
+        return [
+            StreamSummary(
+                name=name,
+                slide_seconds=1,
+                retain_seconds=60,
+                retained_batches=len(by_time),
+                oldest=utc(min(by_time)) if by_time else None,
+                newest=utc(max(by_time)) if by_time else None,
+            )
+            for name, by_time in sorted(self.contents.items())
+        ]
+
+    def slice(self, query: SliceQuery) -> SliceResult:
+        if query.stream == "broken":
+            raise QueryFailedError("SparkContext was shut down")
+        if query.stream not in self.contents:
+            raise UnknownStreamError(query.stream)
+        by_time = self.contents[query.stream]
+        times = sorted(
+            t
+            for t in by_time
+            if (query.from_ms is None or t >= query.from_ms)
+            and (query.to_ms is None or t <= query.to_ms)
+        )
+        if query.combine == "latest":
+            times = times[-1:]
+        records = [record for t in times for record in by_time[t]]
+        result = SliceResult(
+            stream=query.stream,
+            batch_times=[utc(t) for t in times],
+            combine=query.combine,
+            top=None,
+            count=None,
+            sample=None,
+        )
+        if query.top is None:
+            result.count = len(records)
+            result.sample = [jsonable(r) for r in records[: query.limit]]
+            return result
+        if records and not is_numeric_pair(records[0]):
+            raise QueryNotApplicableError(f"top-K needs (key, number) records in {query.stream}")
+        totals: Tally[Any] = Tally()
+        for key, value in records:
+            totals[key] += value
+        best = sorted(totals.items(), key=lambda kv: -kv[1])[: query.top]
+        result.top = [TopEntry(key=jsonable(k), value=v) for k, v in best]
+        return result
+
+    def request_stop(self) -> str:
+        self.stop_requested = True
+        return "stopping"
