@@ -25,8 +25,19 @@ SINGULAR = "streamingjob"
 SHORT_NAMES = ["sj"]
 
 # Keywords that carry over unchanged from JSON Schema to the Kubernetes OpenAPI subset.
-_KEPT = ("type", "description", "pattern", "minimum", "maximum", "minLength", "maxLength",
-         "minItems", "maxItems", "enum", "format")
+_KEPT = (
+    "type",
+    "description",
+    "pattern",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "enum",
+    "format",
+)
 
 
 def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -97,11 +108,19 @@ def model_schema(model: type[BaseModel]) -> dict[str, Any]:
 def _printer_columns() -> list[dict[str, Any]]:
     return [
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-        {"name": "Batch", "type": "string", "jsonPath": ".spec.batchInterval",
-         "description": "Batch interval"},
+        {
+            "name": "Batch",
+            "type": "string",
+            "jsonPath": ".spec.batchInterval",
+            "description": "Batch interval",
+        },
         {"name": "Last Batch", "type": "date", "jsonPath": ".status.lastBatchTime"},
-        {"name": "Rate", "type": "number", "jsonPath": ".status.rateLimit",
-         "description": "Records per second the next batch may admit"},
+        {
+            "name": "Rate",
+            "type": "number",
+            "jsonPath": ".status.rateLimit",
+            "description": "Records per second the next batch may admit",
+        },
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

@@ -60,8 +60,12 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.create(*JOBS)
 @counted("create")
 async def set_up(
-    body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo,
-    logger: logging.Logger, **_: Any,
+    body: kopf.Body,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger: logging.Logger,
+    **_: Any,
 ) -> None:
     """Create (or repair) the job's fixed children; the supervisor then starts the driver."""
     key = (meta["namespace"], meta["name"])
@@ -71,8 +75,12 @@ async def set_up(
     else:
         for child in resources.children(job, owner_of(dict(body))):
             await memo.kube.apply(child)
-        kopf.event(body, type="Normal", reason="SetUp",
-                   message="ServiceAccount, Role, RoleBinding, ConfigMap and Service in place")
+        kopf.event(
+            body,
+            type="Normal",
+            reason="SetUp",
+            message="ServiceAccount, Role, RoleBinding, ConfigMap and Service in place",
+        )
         patch.status["observedGeneration"] = meta.get("generation")
     memo.book.mark_set_up(key)
 
@@ -80,8 +88,14 @@ async def set_up(
 @kopf.on.update(*JOBS, field="spec")
 @counted("update")
 async def spec_changed(
-    old: Any, new: Any, body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo,
-    logger: logging.Logger, **_: Any,
+    old: Any,
+    new: Any,
+    body: kopf.Body,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger: logging.Logger,
+    **_: Any,
 ) -> None:
     """Publish the new spec to the driver's ConfigMap and say what the change will do; the
     supervisor restarts the driver when its spec fingerprint no longer matches."""
@@ -93,8 +107,12 @@ async def spec_changed(
     await memo.kube.apply(resources.config_map(job, owner_of(dict(body))))
     changed = resources.restart_fields(dict(old or {}), dict(new or {}))
     if memo.book.reset_failure(key):
-        kopf.event(body, type="Normal", reason="Retrying",
-                   message="spec changed on a Failed job: starting again with a fresh budget")
+        kopf.event(
+            body,
+            type="Normal",
+            reason="Retrying",
+            message="spec changed on a Failed job: starting again with a fresh budget",
+        )
     if changed and not job.spec.suspend:
         message = f"{', '.join(changed)} changed: restarting the driver from its checkpoint"
     else:
@@ -117,8 +135,12 @@ async def delete_checkpoint(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     job, _problems = parse(dict(body))
     checkpoint = resources.shared_checkpoint(job) if job else None
     if job is None or checkpoint is None:
-        kopf.event(body, type="Normal", reason="CheckpointNotShared",
-                   message="the checkpoint is not on a job volume: nothing to delete")
+        kopf.event(
+            body,
+            type="Normal",
+            reason="CheckpointNotShared",
+            message="the checkpoint is not on a job volume: nothing to delete",
+        )
         return
     if await stop_driver(memo.kube, owner, STOP_JOB_DELETION):
         raise kopf.TemporaryError("waiting for the driver to stop", delay=WAIT_SECONDS)
@@ -126,15 +148,23 @@ async def delete_checkpoint(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     cleanup = await memo.kube.get("v1", "Pod", owner.namespace, name)
     if cleanup is None:
         await memo.kube.create(resources.cleanup_pod(job, owner, checkpoint))
-        kopf.event(body, type="Normal", reason="DeletingCheckpoint",
-                   message=f"deleting checkpoint {checkpoint} with pod {name}")
+        kopf.event(
+            body,
+            type="Normal",
+            reason="DeletingCheckpoint",
+            message=f"deleting checkpoint {checkpoint} with pod {name}",
+        )
         raise kopf.TemporaryError("waiting for the checkpoint cleanup", delay=WAIT_SECONDS)
     phase = (cleanup.get("status") or {}).get("phase")
     if phase == "Succeeded":
         kopf.event(body, type="Normal", reason="CheckpointDeleted", message=checkpoint)
     elif phase == "Failed":
-        kopf.event(body, type="Warning", reason="CheckpointNotDeleted",
-                   message=f"cleanup pod {name} failed; delete {checkpoint} by hand")
+        kopf.event(
+            body,
+            type="Warning",
+            reason="CheckpointNotDeleted",
+            message=f"cleanup pod {name} failed; delete {checkpoint} by hand",
+        )
     else:
         raise kopf.TemporaryError("waiting for the checkpoint cleanup", delay=WAIT_SECONDS)
 
@@ -149,8 +179,13 @@ async def job_seen(
 
 @kopf.on.event("", "v1", "pods", labels=DRIVER_PODS)
 async def driver_pod_seen(
-    type: str | None, body: kopf.Body, name: str, namespace: str, labels: kopf.Labels,
-    memo: kopf.Memo, **_: Any,
+    type: str | None,
+    body: kopf.Body,
+    name: str,
+    namespace: str,
+    labels: kopf.Labels,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     job = labels[resources.JOB_LABEL]
     if name == resources.driver_name(job):
@@ -159,9 +194,12 @@ async def driver_pod_seen(
 
 @kopf.on.event("", "v1", "pods", labels=EXECUTOR_PODS)
 async def executor_pod_seen(
-    type: str | None, body: kopf.Body, namespace: str, labels: kopf.Labels, memo: kopf.Memo,
+    type: str | None,
+    body: kopf.Body,
+    namespace: str,
+    labels: kopf.Labels,
+    memo: kopf.Memo,
     **_: Any,
 ) -> None:
     key = (namespace, labels[resources.JOB_LABEL])
     memo.book.see_executor(key, pod_facts(body), deleted=type == "DELETED")
-

@@ -21,6 +21,7 @@ PLURALS = {
     "Role": "roles",
     "RoleBinding": "rolebindings",
     "StreamingJob": "streamingjobs",
+    "Event": "events",
 }
 
 

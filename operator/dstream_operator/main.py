@@ -1,8 +1,8 @@
 """`dstream-operator`: run the kopf operator for StreamingJobs.
 
-    dstream-operator --namespace jobs [--namespace more] | --all-namespaces
-                     [--liveness http://0.0.0.0:8081/healthz] [--metrics-port 8080]
-                     [--peering dstream | --standalone] [--driver-host service|pod-ip]
+dstream-operator --namespace jobs [--namespace more] | --all-namespaces
+                 [--liveness http://0.0.0.0:8081/healthz] [--metrics-port 8080]
+                 [--peering dstream | --standalone] [--driver-host service|pod-ip]
 """
 
 from __future__ import annotations
@@ -20,23 +20,48 @@ from dstream_operator.supervisor import SupervisorSettings
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="dstream-operator", description=__doc__.split("\n")[0])
     scope = parser.add_mutually_exclusive_group(required=True)
-    scope.add_argument("--namespace", "-n", action="append", metavar="NS",
-                       help="watch this namespace (repeatable; kopf globs like 'team-*' work)")
-    scope.add_argument("--all-namespaces", "-A", action="store_true",
-                       help="watch the whole cluster")
-    parser.add_argument("--liveness", metavar="URL",
-                        help="kopf's liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
-    parser.add_argument("--metrics-port", type=int, default=8080,
-                        help="serve Prometheus metrics on this port (0: off)")
+    scope.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        metavar="NS",
+        help="watch this namespace (repeatable; kopf globs like 'team-*' work)",
+    )
+    scope.add_argument(
+        "--all-namespaces", "-A", action="store_true", help="watch the whole cluster"
+    )
+    parser.add_argument(
+        "--liveness",
+        metavar="URL",
+        help="kopf's liveness endpoint, e.g. http://0.0.0.0:8081/healthz",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8080,
+        help="serve Prometheus metrics on this port (0: off)",
+    )
     peering = parser.add_mutually_exclusive_group()
-    peering.add_argument("--peering", metavar="NAME", default="dstream",
-                         help="kopf peering object; a second operator on it stays paused")
-    peering.add_argument("--standalone", action="store_true",
-                         help="no peering: only when a single operator is guaranteed")
-    parser.add_argument("--driver-host", choices=["service", "pod-ip"], default="service",
-                        help="how executors reach a driver: the Service's DNS name or the pod IP")
-    parser.add_argument("--poll-seconds", type=float, default=5.0,
-                        help="how often drivers are polled for status")
+    peering.add_argument(
+        "--peering",
+        metavar="NAME",
+        default="dstream",
+        help="kopf peering object; a second operator on it stays paused",
+    )
+    peering.add_argument(
+        "--standalone",
+        action="store_true",
+        help="no peering: only when a single operator is guaranteed",
+    )
+    parser.add_argument(
+        "--driver-host",
+        choices=["service", "pod-ip"],
+        default="service",
+        help="how executors reach a driver: the Service's DNS name or the pod IP",
+    )
+    parser.add_argument(
+        "--poll-seconds", type=float, default=5.0, help="how often drivers are polled for status"
+    )
     parser.add_argument("--verbose", "-v", action="store_true")
     return parser.parse_args(argv)
 

@@ -175,4 +175,3 @@ def _run(seen: Observation, step: Plan) -> None:
     )
     reason = "DriverRestarted" if due is not None else "DriverCreated"
     step.events.append(Event("Normal", reason, "created the driver pod"))
-

@@ -11,6 +11,7 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
@@ -125,7 +126,13 @@ def role(owner: Owner) -> dict[str, Any]:
                 "apiGroups": [""],
                 "resources": ["pods", "services", "configmaps", "persistentvolumeclaims"],
                 "verbs": [
-                    "get", "list", "watch", "create", "update", "patch", "delete",
+                    "get",
+                    "list",
+                    "watch",
+                    "create",
+                    "update",
+                    "patch",
+                    "delete",
                     "deletecollection",
                 ],
             }
@@ -176,8 +183,11 @@ def service(owner: Owner) -> dict[str, Any]:
             "selector": {JOB_LABEL: owner.name, ROLE_LABEL: "driver"},
             "ports": [
                 {"name": "spark-driver", "port": DRIVER_PORT, "targetPort": DRIVER_PORT},
-                {"name": "spark-blockmanager", "port": BLOCK_MANAGER_PORT,
-                 "targetPort": BLOCK_MANAGER_PORT},
+                {
+                    "name": "spark-blockmanager",
+                    "port": BLOCK_MANAGER_PORT,
+                    "targetPort": BLOCK_MANAGER_PORT,
+                },
                 {"name": "http-api", "port": API_PORT, "targetPort": API_PORT},
             ],
         },
@@ -193,6 +203,31 @@ def children(job: StreamingJob, owner: Owner) -> list[dict[str, Any]]:
         config_map(job, owner),
         service(owner),
     ]
+
+
+def event(owner: Owner, type: str, reason: str, message: str, now: datetime) -> dict[str, Any]:
+    """A core/v1 Event about the StreamingJob, as `kubectl describe sj` shows them."""
+    stamp = now.isoformat().replace("+00:00", "Z")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{owner.name}.", "namespace": owner.namespace},
+        "involvedObject": {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": owner.name,
+            "namespace": owner.namespace,
+            "uid": owner.uid,
+        },
+        "type": type,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": "dstream-operator"},
+        "reportingComponent": "dstream-operator",
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
 
 
 def driver_url(owner: Owner) -> str:
@@ -249,7 +284,8 @@ def spark_conf(job: StreamingJob, owner: Owner, driver_host: DriverHost) -> dict
     and wins."""
     spec = job.spec
     host = (
-        "$(POD_IP)" if driver_host == "pod-ip"
+        "$(POD_IP)"
+        if driver_host == "pod-ip"
         else f"{service_name(owner.name)}.{owner.namespace}.svc"
     )
     conf = {

@@ -1,6 +1,6 @@
 """The supervisor: one background loop that keeps every job's driver alive and its status true.
 
-Watch handlers record what they see in a `JobBook` and wake the loop; the loop plans each job
+The watch handlers record what they see in a `JobBook` and wake the loop; the loop plans each job
 (`reconcile.plan`), acts, and writes `.status`. It is the only writer of the status fields it
 owns, which is what makes counting restarts race-free.
 
@@ -21,7 +21,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
-import kopf
 from dstream.spec import API_VERSION, KIND, SpecError, StreamingJob, parse_job
 
 from dstream_operator import metrics, resources
@@ -104,8 +103,12 @@ class JobBook:
         if status.phase != "Failed":
             return False
         memory.status = status.model_copy(
-            update={"phase": "Pending", "restarts": 0, "next_restart_time": None,
-                    "message": "spec changed; starting again"}
+            update={
+                "phase": "Pending",
+                "restarts": 0,
+                "next_restart_time": None,
+                "message": "spec changed; starting again",
+            }
         )
         self.changed.set()
         return True
@@ -131,15 +134,6 @@ def owner_of(body: dict[str, Any]) -> resources.Owner:
     return resources.Owner(meta["name"], meta["namespace"], meta.get("uid", ""))
 
 
-def event_target(owner: resources.Owner) -> dict[str, Any]:
-    """The StreamingJob as kopf's event poster wants to see it."""
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": owner.name, "namespace": owner.namespace, "uid": owner.uid},
-    }
-
-
 def parse(body: dict[str, Any]) -> tuple[StreamingJob | None, tuple[str, ...]]:
     """The job model of a StreamingJob object, or the problems that make it invalid."""
     meta = body.get("metadata") or {}
@@ -160,7 +154,10 @@ async def stop_driver(kube: Kube, owner: resources.Owner, reason: str) -> bool:
     driver stops its stream gracefully on SIGTERM). False if there was no driver."""
     name = resources.driver_name(owner.name)
     marked = await kube.patch(
-        "v1", "Pod", owner.namespace, name,
+        "v1",
+        "Pod",
+        owner.namespace,
+        name,
         {"metadata": {"annotations": {STOP_REASON_ANNOTATION: reason}}},
     )
     if marked is None:
@@ -218,7 +215,7 @@ class Supervisor:
                 now=datetime.now(UTC),
             )
             step = plan(seen)
-            await self._act(step, memory, owner, job)
+            await self._act(step, memory, owner, job, seen.now)
         except Exception:
             memory.vanished = memory.vanished or vanished  # decide on it again next time
             raise
@@ -241,7 +238,12 @@ class Supervisor:
         return memory.report
 
     async def _act(
-        self, step: Plan, memory: JobMemory, owner: resources.Owner, job: StreamingJob | None
+        self,
+        step: Plan,
+        memory: JobMemory,
+        owner: resources.Owner,
+        job: StreamingJob | None,
+        now: datetime,
     ) -> None:
         if step.stop_driver and memory.driver is not None:
             await stop_driver(self.kube, owner, step.stop_driver)
@@ -256,8 +258,9 @@ class Supervisor:
         if step.restarted:
             metrics.DRIVER_RESTARTS.labels(owner.namespace, owner.name).inc()
         for event in step.events:
-            kopf.event(event_target(owner), type=event.type, reason=event.reason,
-                       message=event.message)
+            await self.kube.create(
+                resources.event(owner, event.type, event.reason, event.message, now)
+            )
 
     async def _write_status(
         self, memory: JobMemory, owner: resources.Owner, status: JobStatus
@@ -265,7 +268,11 @@ class Supervisor:
         if status.to_patch() == memory.current_status().to_patch() and memory.status is not None:
             return
         await self.kube.patch(
-            API_VERSION, KIND, owner.namespace, owner.name, {"status": status.to_patch()},
+            API_VERSION,
+            KIND,
+            owner.namespace,
+            owner.name,
+            {"status": status.to_patch()},
             subresource="status",
         )
         memory.status = status

@@ -1,0 +1,200 @@
+"""The kopf handlers and the supervisor against kmock: create, run, fail, restart, suspend,
+change, delete."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.operator.conftest import JOBS, PODS, current, events, job_manifest, path, wait_for
+
+pytestmark = pytest.mark.asyncio
+
+
+def status_of(cluster, name="wc") -> dict:
+    return (current(cluster, JOBS, name) or {}).get("status") or {}
+
+
+async def create(cluster, body) -> None:
+    response = await cluster.post(path(JOBS), json=body)
+    assert response.status == 200, await response.text()
+
+
+async def set_pod_status(cluster, name, phase, ready=False, terminated=None) -> None:
+    conditions = [
+        {"type": "PodScheduled", "status": "True"},
+        {"type": "Ready", "status": "True" if ready else "False"},
+    ]
+    state = {"terminated": terminated} if terminated else {"running": {}}
+    status = {
+        "phase": phase,
+        "conditions": conditions,
+        "containerStatuses": [{"name": "driver", "state": state}],
+    }
+    response = await cluster.patch(path(PODS, name), json={"status": status})
+    assert response.status == 200, await response.text()
+
+
+async def test_create_sets_up_children_and_driver(operator):
+    await create(operator, job_manifest())
+    pod = await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    for resource, name in [
+        ("v1/serviceaccounts", "wc-driver"),
+        ("rbac.authorization.k8s.io/v1/roles", "wc-driver"),
+        ("rbac.authorization.k8s.io/v1/rolebindings", "wc-driver"),
+        ("v1/configmaps", "wc-job"),
+        ("v1/services", "wc-driver"),
+        (PODS, "wc-driver"),
+    ]:
+        child = current(operator, resource, name)
+        assert child is not None, (resource, name)
+        assert child["metadata"]["ownerReferences"][0]["uid"] == "uid-wc"
+        assert child["metadata"]["labels"]["dstream.dev/job"] == "wc"
+    assert pod["spec"]["containers"][0]["command"] == ["python", "-m", "dstream.driver"]
+    status = await wait_for(lambda: status_of(operator).get("driverPod") and status_of(operator))
+    assert status["phase"] == "Pending"  # not scheduled yet
+    assert status["executors"] == {"ready": 0, "desired": 2}
+    assert status["observedGeneration"] == 1
+    assert not current(operator, JOBS, "wc")["metadata"].get("finalizers")
+    reasons = {reason for _, reason, _ in events(operator)}
+    assert {"SetUp", "DriverCreated"} <= reasons
+
+
+async def test_running_driver_reports_batches(operator, driver_api):
+    driver_api["lastBatch"] = {
+        "time": "2026-01-02T03:04:05+00:00",
+        "processingSeconds": 0.4,
+        "schedulingDelaySeconds": 0.1,
+        "totalDelaySeconds": 0.5,
+        "records": 100,
+    }
+    driver_api["rateLimit"] = {"rate": 1500.0}
+    await create(operator, job_manifest())
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await set_pod_status(operator, "wc-driver", "Running", ready=True)
+    status = await wait_for(
+        lambda: status_of(operator).get("phase") == "Running" and status_of(operator)
+    )
+    status = await wait_for(
+        lambda: status_of(operator).get("lastBatchTime") and status_of(operator)
+    )
+    assert status["rateLimit"] == 1500.0
+    assert status["totalDelaySeconds"] == 0.5
+    assert {c["type"]: c["status"] for c in status["conditions"]}["DriverReady"] == "True"
+    driver_api["state"] = "recovering"
+    await wait_for(lambda: status_of(operator).get("phase") == "Recovering")
+
+
+async def test_failed_driver_is_replaced_with_backoff_then_job_fails(operator):
+    await create(operator, job_manifest())
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    for attempt in (1, 2):
+        await set_pod_status(
+            operator, "wc-driver", "Failed", terminated={"exitCode": 1, "reason": "Error"}
+        )
+        await wait_for(lambda n=attempt: status_of(operator).get("restarts") == n)
+        assert status_of(operator)["phase"] == "Recovering"
+        await wait_for(lambda: current(operator, PODS, "wc-driver") is None)
+        await wait_for(lambda: current(operator, PODS, "wc-driver"))  # after the backoff
+    await set_pod_status(
+        operator, "wc-driver", "Failed", terminated={"exitCode": 1, "reason": "Error"}
+    )
+    status = await wait_for(
+        lambda: status_of(operator).get("phase") == "Failed" and status_of(operator)
+    )
+    assert "maxRestarts (2) reached" in status["message"]
+    assert "exit code 1" in status["message"]
+    assert status["restarts"] == 2
+    kinds = [reason for _, reason, _ in events(operator)]
+    assert kinds.count("DriverLost") == 2 and "JobFailed" in kinds and "DriverRestarted" in kinds
+
+
+async def test_deleted_driver_is_replaced_and_counted(operator):
+    await create(operator, job_manifest())
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await operator.delete(path(PODS, "wc-driver"))
+    await wait_for(lambda: status_of(operator).get("restarts") == 1)
+    assert "was deleted" in status_of(operator)["message"]
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+
+
+async def test_never_policy_fails_at_once(operator):
+    await create(operator, job_manifest(restartPolicy={"type": "Never"}))
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await set_pod_status(operator, "wc-driver", "Failed", terminated={"exitCode": 3})
+    status = await wait_for(
+        lambda: status_of(operator).get("phase") == "Failed" and status_of(operator)
+    )
+    assert "restartPolicy is Never" in status["message"]
+
+
+async def test_suspend_stops_driver_and_resume_starts_it(operator):
+    await create(operator, job_manifest())
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await operator.patch(
+        path(JOBS, "wc"), json={"spec": {"suspend": True}, "metadata": {"generation": 2}}
+    )
+    await wait_for(lambda: current(operator, PODS, "wc-driver") is None)
+    stopped = operator.objects[PODS, "jobs", "wc-driver", -2]
+    assert stopped["metadata"]["annotations"]["dstream.dev/stop-reason"] == "suspend"
+    status = await wait_for(
+        lambda: status_of(operator).get("phase") == "Suspended" and status_of(operator)
+    )
+    assert status["restarts"] == 0
+    await operator.patch(
+        path(JOBS, "wc"), json={"spec": {"suspend": False}, "metadata": {"generation": 3}}
+    )
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await set_pod_status(operator, "wc-driver", "Running", ready=False)
+    await wait_for(lambda: status_of(operator).get("phase") == "Starting")
+    assert status_of(operator)["restarts"] == 0
+
+
+async def test_spec_change_restarts_driver_only_when_needed(operator):
+    await create(operator, job_manifest())
+    first = await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await operator.patch(path(JOBS, "wc"), json={"spec": {"restartPolicy": {"maxRestarts": 5}}})
+    await wait_for(lambda: any("without restarting" in m for _, _, m in events(operator)))
+    assert current(operator, PODS, "wc-driver")["metadata"] == first["metadata"]
+
+    await operator.patch(path(JOBS, "wc"), json={"spec": {"executor": {"instances": 3}}})
+    await wait_for(
+        lambda: "spark.executor.instances=3" in str(current(operator, PODS, "wc-driver"))
+    )
+    assert "instances: 3" in current(operator, "v1/configmaps", "wc-job")["data"]["job.yaml"]
+    assert status_of(operator)["restarts"] == 0
+    reasons = [reason for _, reason, _ in events(operator)]
+    assert "Restarting" in reasons
+
+
+async def test_invalid_spec_fails_the_job(operator):
+    await create(operator, job_manifest(app={"builtin": "wordcount", "module": "a.b:c"}))
+    status = await wait_for(
+        lambda: status_of(operator).get("phase") == "Failed" and status_of(operator)
+    )
+    assert "exactly one of builtin or module" in status["message"]
+    assert current(operator, PODS, "wc-driver") is None
+
+
+async def test_checkpoint_deletion_uses_a_finalizer_and_a_cleanup_pod(operator):
+    await create(
+        operator,
+        job_manifest(
+            checkpoint={"path": "/data/ckpt/wc", "deleteOnJobDeletion": True},
+            volumes=[
+                {
+                    "name": "data",
+                    "mountPath": "/data",
+                    "persistentVolumeClaim": {"claimName": "data"},
+                }
+            ],
+        ),
+    )
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await wait_for(lambda: current(operator, JOBS, "wc")["metadata"].get("finalizers"))
+    await operator.delete(path(JOBS, "wc"))
+    cleanup = await wait_for(lambda: current(operator, PODS, "wc-checkpoint-cleanup"))
+    assert current(operator, PODS, "wc-driver") is None
+    assert cleanup["spec"]["containers"][0]["command"] == ["rm", "-rf", "--", "/data/ckpt/wc"]
+    await set_pod_status(operator, "wc-checkpoint-cleanup", "Succeeded")
+    await wait_for(lambda: current(operator, JOBS, "wc") is None)
+    assert "CheckpointDeleted" in [reason for _, reason, _ in events(operator)]
