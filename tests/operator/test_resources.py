@@ -1,0 +1,201 @@
+"""The desired objects of a job, as pure functions of its spec."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+import yaml
+from dstream.spec import parse_job
+from dstream_operator import resources
+from dstream_operator.resources import Owner
+
+OWNER = Owner("wc", "jobs", "uid-1")
+
+
+def job(**spec):
+    base = {
+        "batchInterval": "2s",
+        "app": {"builtin": "wordcount"},
+        "source": {"type": "rate", "rate": {"recordsPerSecond": 10}},
+    }
+    return parse_job(
+        {
+            "apiVersion": "dstream.dev/v1alpha1",
+            "kind": "StreamingJob",
+            "metadata": {"name": "wc", "namespace": "jobs"},
+            "spec": base | spec,
+        }
+    )
+
+
+def conf_of(pod) -> dict[str, str]:
+    args = pod["spec"]["containers"][0]["args"]
+    pairs = [args[i + 1] for i, a in enumerate(args) if a == "--conf"]
+    return dict(p.split("=", 1) for p in pairs)
+
+
+def test_children_are_owned_labelled_and_ordered():
+    kinds = [c["kind"] for c in resources.children(job(), OWNER)]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service"]
+    for child in resources.children(job(), OWNER):
+        meta = child["metadata"]
+        assert meta["namespace"] == "jobs"
+        assert meta["labels"]["dstream.dev/job"] == "wc"
+        (ref,) = meta["ownerReferences"]
+        assert ref == {
+            "apiVersion": "dstream.dev/v1alpha1",
+            "kind": "StreamingJob",
+            "name": "wc",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def test_role_is_namespaced_and_minimal():
+    role = resources.role(OWNER)
+    assert role["kind"] == "Role"
+    (rule,) = role["rules"]
+    assert rule["apiGroups"] == [""]
+    assert rule["resources"] == ["pods", "services", "configmaps", "persistentvolumeclaims"]
+    binding = resources.role_binding(OWNER)
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["namespace"] == "jobs"
+
+
+def test_service_is_headless_with_spark_and_api_ports():
+    spec = resources.service(OWNER)["spec"]
+    assert spec["clusterIP"] == "None"
+    assert spec["publishNotReadyAddresses"] is True
+    assert {p["port"] for p in spec["ports"]} == {7078, 7079, 8000}
+    assert spec["selector"] == {"dstream.dev/job": "wc", "dstream.dev/role": "driver"}
+
+
+def test_config_map_holds_a_manifest_the_driver_can_load():
+    text = resources.config_map(job(), OWNER)["data"]["job.yaml"]
+    reloaded = parse_job(yaml.safe_load(text))
+    assert reloaded.spec == job().spec
+
+
+def test_driver_pod_runs_the_driver_cli_contract():
+    pod = resources.driver_pod(job(), OWNER, "service")
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "dstream.driver"]
+    assert container["args"][:5] == [
+        "/etc/dstream/job.yaml",
+        "--port",
+        "8000",
+        "--master",
+        "k8s://https://kubernetes.default.svc",
+    ]
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["serviceAccountName"] == "wc-driver"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 8000}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8000}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts["/etc/dstream"] == "dstream-job"
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["dstream-job"]["configMap"]["name"] == "wc-job"
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 30
+
+
+def test_spark_is_configured_for_kubernetes_client_mode():
+    conf = conf_of(resources.driver_pod(job(executor={"instances": 3}), OWNER, "service"))
+    assert conf["spark.submit.deployMode"] == "client"
+    assert conf["spark.driver.host"] == "wc-driver.jobs.svc"
+    assert conf["spark.driver.port"] == "7078"
+    assert conf["spark.blockManager.port"] == "7079"
+    assert conf["spark.kubernetes.namespace"] == "jobs"
+    assert conf["spark.kubernetes.container.image"] == "dstream:latest"
+    assert conf["spark.kubernetes.driver.pod.name"] == "wc-driver"
+    assert conf["spark.kubernetes.executor.podNamePrefix"] == "wc"
+    assert conf["spark.kubernetes.executor.label.dstream.dev/job"] == "wc"
+    assert conf["spark.executor.instances"] == "3"
+    assert conf["spark.executor.memory"] == "1g"
+    assert conf["spark.speculation"] == "true"
+    assert conf["spark.speculation.multiplier"] == "1.4"
+
+
+def test_driver_host_can_be_the_pod_ip():
+    pod = resources.driver_pod(job(), OWNER, "pod-ip")
+    assert conf_of(pod)["spark.driver.host"] == "$(POD_IP)"
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+def test_user_spark_conf_comes_last_and_wins():
+    conf = resources.spark_conf(
+        job(sparkConf={"spark.executor.memory": "3g", "spark.ui.enabled": "false"}),
+        OWNER,
+        "service",
+    )
+    assert conf["spark.executor.memory"] == "3g"
+    assert list(conf)[-1] == "spark.ui.enabled"
+
+
+def test_volumes_reach_driver_and_executors():
+    spec_job = job(
+        volumes=[
+            {"name": "ckpt", "mountPath": "/ckpt", "persistentVolumeClaim": {"claimName": "c"}},
+            {"name": "in", "mountPath": "/in", "hostPath": {"path": "/srv/in"}},
+        ]
+    )
+    pod = resources.driver_pod(spec_job, OWNER, "service")
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["ckpt"]["persistentVolumeClaim"]["claimName"] == "c"
+    assert volumes["in"]["hostPath"]["path"] == "/srv/in"
+    conf = conf_of(pod)
+    pvc = "spark.kubernetes.executor.volumes.persistentVolumeClaim.ckpt"
+    assert conf[f"{pvc}.mount.path"] == "/ckpt"
+    assert conf[f"{pvc}.options.claimName"] == "c"
+    assert conf["spark.kubernetes.executor.volumes.hostPath.in.options.path"] == "/srv/in"
+
+
+@pytest.mark.parametrize(
+    ("memory", "pod_mib"), [("1g", 1024 + 410), ("512m", 512 + 384), ("4g", 4096 + 1639)]
+)
+def test_pod_memory_includes_overhead(memory, pod_mib):
+    assert resources.pod_memory_mib(memory) == pod_mib
+
+
+def test_names_are_valid_dns_labels():
+    assert resources.service_name("7up") == "sj-7up-driver"
+    long = "a" * 63
+    assert len(resources.service_name(long)) == 63
+    assert len(resources.executor_pod_prefix(long)) <= 47
+    assert resources.service_name(long) != resources.service_name("a" * 62)
+
+
+def test_only_driver_fields_need_a_restart():
+    old = job().model_dump(mode="json", by_alias=True)["spec"]
+    assert resources.restart_fields(old, old | {"suspend": True}) == []
+    assert resources.restart_fields(old, old | {"restartPolicy": {"type": "Never"}}) == []
+    changed = old | {"executor": {"instances": 5}, "sparkConf": {"a": "b"}}
+    assert resources.restart_fields(old, changed) == ["executor", "sparkConf"]
+
+
+def test_spec_hash_ignores_operator_only_fields():
+    assert resources.spec_hash(job()) == resources.spec_hash(job(suspend=True))
+    assert resources.spec_hash(job()) != resources.spec_hash(job(batchInterval="1s"))
+
+
+def test_checkpoint_cleanup_only_inside_a_volume():
+    volumes = [{"name": "d", "mountPath": "/data", "persistentVolumeClaim": {"claimName": "d"}}]
+    on_volume = job(checkpoint={"path": "/data/ckpt"}, volumes=volumes)
+    assert resources.shared_checkpoint(on_volume) == "/data/ckpt"
+    assert resources.shared_checkpoint(job(checkpoint={"path": "/tmp/ckpt"})) is None
+    assert resources.shared_checkpoint(job(checkpoint={"path": "/data"}, volumes=volumes)) is None
+    escape = job(checkpoint={"path": "/data/../etc"}, volumes=volumes)
+    assert resources.shared_checkpoint(escape) is None
+    pod = resources.cleanup_pod(on_volume, OWNER, "/data/ckpt")
+    assert pod["spec"]["containers"][0]["command"] == ["rm", "-rf", "--", "/data/ckpt"]
+    assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "d"
+
+
+def test_event_names_the_job():
+    event = resources.event(
+        OWNER, "Warning", "DriverLost", "gone", datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    assert event["involvedObject"]["uid"] == "uid-1"
+    assert event["lastTimestamp"] == "2026-01-01T00:00:00Z"

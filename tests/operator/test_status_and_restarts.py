@@ -1,0 +1,195 @@
+"""Pure status derivation, restart policy and supervision plans."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from dstream.spec import RestartPolicy, parse_job
+from dstream_operator import reconcile, restarts, status
+from dstream_operator.main import parse_args
+from dstream_operator.resources import spec_hash
+from dstream_operator.status import JobStatus, PodFacts
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def pod(phase="Running", ready=False, **meta) -> dict:
+    return {
+        "metadata": {"name": "wc-driver", "uid": "p1", **meta},
+        "status": {
+            "phase": phase,
+            "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "Ready", "status": "True" if ready else "False"},
+            ],
+        },
+    }
+
+
+def test_pod_facts_of_a_failed_driver():
+    body = pod("Failed")
+    body["status"]["containerStatuses"] = [
+        {"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}
+    ]
+    facts = status.pod_facts(body)
+    assert facts.terminal and not facts.alive
+    assert facts.describe_end() == "driver pod wc-driver failed, reason OOMKilled, exit code 137"
+
+
+def test_pod_facts_read_operator_annotations():
+    facts = status.pod_facts(
+        pod(
+            annotations={"dstream.dev/stop-reason": "suspend", "dstream.dev/spec-hash": "h"},
+            deletionTimestamp="2026-01-01T00:00:00Z",
+        )
+    )
+    assert (facts.stop_reason, facts.spec_hash, facts.deleting) == ("suspend", "h", True)
+
+
+def test_driver_report_sums_rate_limits():
+    report = status.driver_report(
+        {
+            "state": "running",
+            "lastBatch": {
+                "time": "2026-01-01T00:00:01+00:00",
+                "processingSeconds": 0.5,
+                "schedulingDelaySeconds": 0.1,
+                "totalDelaySeconds": 0.6,
+            },
+            "rateLimit": {"a": 100.0, "b": 50.0},
+        }
+    )
+    assert report.rate_limit == 150.0
+    assert report.last_batch_time == NOW + timedelta(seconds=1)
+    unlimited = status.driver_report({"state": "running", "rateLimit": {"a": 1.0, "b": None}})
+    assert unlimited.rate_limit is None and unlimited.last_batch_time is None
+
+
+def test_running_phase():
+    facts = status.pod_facts(pod(ready=True))
+    report = status.driver_report({"state": "recovering"})
+    assert status.running_phase(facts, 0, None) == "Running"
+    assert status.running_phase(facts, 0, report) == "Recovering"
+    assert status.running_phase(status.pod_facts(pod()), 0, None) == "Starting"
+    assert status.running_phase(status.pod_facts(pod()), 2, None) == "Recovering"
+    assert status.running_phase(status.pod_facts({"metadata": {"name": "x"}}), 0, None) == "Pending"
+
+
+def test_transition_times_move_only_on_change():
+    first = status.with_phase(JobStatus(), "Running", None, NOW)
+    later = status.with_phase(first, "Running", None, NOW + timedelta(minutes=1))
+    assert later.last_transition_time == NOW
+    ready = status.pod_facts(pod(ready=True))
+    a = status.with_driver(first, ready, 2, 2, None, NOW)
+    b = status.with_driver(a, ready, 2, 2, None, NOW + timedelta(minutes=1))
+    assert [c.last_transition_time for c in b.conditions] == [NOW, NOW]
+
+
+def test_backoff_doubles_up_to_the_cap():
+    policy = RestartPolicy(backoff_seconds=10, max_backoff_seconds=60)
+    assert [restarts.backoff_seconds(policy, n) for n in range(5)] == [10, 20, 40, 60, 60]
+    assert restarts.backoff_seconds(policy, 10_000) == 60
+
+
+def test_restart_decisions():
+    failed = restarts.Termination(True, "boom")
+    clean = restarts.Termination(False, "exited")
+    always = RestartPolicy(type="Always", max_restarts=2, backoff_seconds=5)
+    assert restarts.decide(always, 0, clean) == restarts.Restart(5, 1)
+    assert restarts.decide(always, 1, failed) == restarts.Restart(10, 2)
+    assert "maxRestarts (2) reached" in restarts.decide(always, 2, failed).reason
+    on_failure = RestartPolicy(type="OnFailure")
+    assert isinstance(restarts.decide(on_failure, 0, failed), restarts.Restart)
+    assert isinstance(restarts.decide(on_failure, 0, clean), restarts.GiveUp)
+    assert "Never" in restarts.decide(RestartPolicy(type="Never"), 0, failed).reason
+
+
+def job(**spec):
+    base = {
+        "batchInterval": "1s",
+        "app": {"builtin": "wordcount"},
+        "source": {"type": "rate", "rate": {"recordsPerSecond": 10}},
+    }
+    return parse_job(
+        {
+            "apiVersion": "dstream.dev/v1alpha1",
+            "kind": "StreamingJob",
+            "metadata": {"name": "wc"},
+            "spec": base | spec,
+        }
+    )
+
+
+def seen(spec_job=None, driver=None, vanished=None, current=None, **kw) -> reconcile.Observation:
+    spec_job = spec_job or job()
+    return reconcile.Observation(
+        job=spec_job,
+        problems=(),
+        status=current or JobStatus(phase="Running"),
+        driver=driver,
+        vanished=vanished,
+        executors_ready=0,
+        report=None,
+        spec_hash=spec_hash(spec_job),
+        now=NOW,
+        **kw,
+    )
+
+
+def facts(**kw) -> PodFacts:
+    base = status.pod_facts(
+        pod(ready=True, annotations={"dstream.dev/spec-hash": spec_hash(job())})
+    )
+    return base.__class__(**{**base.__dict__, **kw})
+
+
+def test_plan_creates_a_missing_driver():
+    step = reconcile.plan(seen(current=JobStatus()))
+    assert step.create_driver and step.status.phase == "Starting"
+
+
+def test_plan_restarts_a_failed_driver_after_backoff():
+    step = reconcile.plan(seen(driver=facts(phase="Failed")))
+    assert step.stop_driver == reconcile.STOP_ENDED and step.restarted
+    assert step.status.restarts == 1 and step.status.phase == "Recovering"
+    assert step.status.next_restart_time == NOW + timedelta(seconds=10)
+    waiting = reconcile.plan(seen(current=step.status))
+    assert not waiting.create_driver and waiting.status.phase == "Recovering"
+    later = reconcile.Observation(
+        **{**seen(current=step.status).__dict__, "now": NOW + timedelta(seconds=11)}
+    )
+    assert reconcile.plan(later).create_driver
+
+
+def test_plan_ignores_a_driver_the_operator_stopped():
+    step = reconcile.plan(seen(vanished=facts(stop_reason="spec-change")))
+    assert step.create_driver and not step.restarted and step.status.restarts == 0
+
+
+def test_plan_counts_a_driver_deleted_by_someone_else():
+    step = reconcile.plan(seen(vanished=facts()))
+    assert step.restarted and "was deleted" in step.status.message
+
+
+def test_plan_restarts_an_outdated_driver_and_suspends():
+    step = reconcile.plan(seen(driver=facts(spec_hash="old")))
+    assert step.stop_driver == reconcile.STOP_SPEC_CHANGE and not step.restarted
+    suspended = reconcile.plan(seen(spec_job=job(suspend=True), driver=facts()))
+    assert suspended.stop_driver == reconcile.STOP_SUSPEND
+    assert suspended.status.phase == "Suspended" and not suspended.create_driver
+
+
+def test_plan_for_an_invalid_spec():
+    observation = reconcile.Observation(
+        **{**seen().__dict__, "job": None, "problems": ("spec.app: bad",)}
+    )
+    step = reconcile.plan(observation)
+    assert step.status.phase == "Failed" and "spec.app: bad" in step.status.message
+    assert [e.reason for e in step.events] == ["InvalidSpec"]
+
+
+def test_cli_scope_and_defaults():
+    args = parse_args(["--namespace", "a", "-n", "b", "--standalone"])
+    assert args.namespace == ["a", "b"] and args.standalone and not args.all_namespaces
+    args = parse_args(["--all-namespaces"])
+    assert args.peering == "dstream" and args.metrics_port == 8080 and args.driver_host == "service"
