@@ -7,7 +7,6 @@ parameter 422 (FastAPI's validation-error shape, naming the parameter), a missin
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -15,6 +14,7 @@ from fastapi import Depends, FastAPI, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client.exposition import choose_encoder
+from pydantic import Field
 
 from dstream_api.auth import require_token
 from dstream_api.models import (
@@ -42,6 +42,8 @@ MAX_TOP = 10_000
 MAX_SAMPLE = 1000
 
 TIME_HELP = "ISO-8601 (naive: the driver's local time) or unix epoch seconds"
+# Epoch seconds first: pydantic would otherwise read a bare number as a datetime too.
+Time = Annotated[float, Field(allow_inf_nan=False)] | datetime
 
 
 def create_app(runtime: Any) -> FastAPI:
@@ -56,21 +58,16 @@ def parameter_error(name: str, message: str, value: Any) -> RequestValidationErr
     )
 
 
-def parse_time(name: str, text: str | None) -> int | None:
-    """Epoch milliseconds of an ISO-8601 time or of unix epoch seconds."""
-    if text is None:
+def epoch_ms(name: str, value: Time | None) -> int | None:
+    """Epoch milliseconds of a query time; naive datetimes are the driver's local time."""
+    if value is None:
         return None
+    if not isinstance(value, datetime):
+        return round(value * 1000)
     try:
-        value = float(text)
-    except ValueError:
-        try:
-            moment = datetime.fromisoformat(text)
-            return round(moment.astimezone().timestamp() * 1000)
-        except (ValueError, OverflowError, OSError):
-            raise parameter_error(name, f"not a time: {TIME_HELP}", text) from None
-    if not math.isfinite(value):
-        raise parameter_error(name, "epoch seconds must be a finite number", text)
-    return round(value * 1000)
+        return round(value.astimezone().timestamp() * 1000)
+    except (OverflowError, OSError, ValueError):
+        raise parameter_error(name, f"time out of range: {value.isoformat()}", str(value)) from None
 
 
 def app_for(view: JobView) -> FastAPI:
@@ -145,11 +142,11 @@ def app_for(view: JobView) -> FastAPI:
     def slice_stream(
         name: str,
         from_: Annotated[
-            str | None,
+            Time | None,
             Query(alias="from", description=f"First batch time ({TIME_HELP}); default: oldest."),
         ] = None,
         to: Annotated[
-            str | None,
+            Time | None,
             Query(description=f"Last batch time ({TIME_HELP}); default: newest completed."),
         ] = None,
         top: Annotated[
@@ -168,9 +165,9 @@ def app_for(view: JobView) -> FastAPI:
         ] = 20,
     ) -> SliceResult | JSONResponse:
         """Interactive query over the stream's retained RDDs between two batch times."""
-        from_ms, to_ms = parse_time("from", from_), parse_time("to", to)
+        from_ms, to_ms = epoch_ms("from", from_), epoch_ms("to", to)
         if from_ms is not None and to_ms is not None and from_ms > to_ms:
-            raise parameter_error("from", "`from` is after `to`", from_)
+            raise parameter_error("from", "`from` is after `to`", str(from_))
         query = SliceQuery(name, from_ms, to_ms, top, combine, limit)
         try:
             return view.slice(query)

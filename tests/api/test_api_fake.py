@@ -163,7 +163,7 @@ def test_slice_rejects_bad_parameters_with_the_reason(client, params, parameter)
     response = client.get("/v1/streams/counts/slice", params=params)
     assert response.status_code == 422
     error = response.json()["detail"][0]
-    assert error["loc"] == ["query", parameter]
+    assert error["loc"][:2] == ["query", parameter]
     assert error["msg"]
 
 
