@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import kubernetes_validate
 import pytest
 import yaml
 from dstream.spec import parse_job
@@ -199,3 +200,16 @@ def test_event_names_the_job():
     )
     assert event["involvedObject"]["uid"] == "uid-1"
     assert event["lastTimestamp"] == "2026-01-01T00:00:00Z"
+
+
+def test_every_object_is_valid_kubernetes():
+    volumes = [{"name": "d", "mountPath": "/data", "persistentVolumeClaim": {"claimName": "d"}}]
+    full = job(checkpoint={"path": "/data/ckpt"}, volumes=volumes, sparkConf={"a": "b"})
+    objects = [
+        *resources.children(full, OWNER),
+        resources.driver_pod(full, OWNER, "service"),
+        resources.cleanup_pod(full, OWNER, "/data/ckpt"),
+        resources.event(OWNER, "Normal", "DriverCreated", "ok", datetime(2026, 1, 1, tzinfo=UTC)),
+    ]
+    for obj in objects:
+        kubernetes_validate.validate(obj, "1.30", strict=True)
