@@ -9,6 +9,11 @@ import pytest
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# Spark's Python workers must import the test modules whose functions they run.
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (_TESTS, os.environ.get("PYTHONPATH", "")) if p
+)
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +28,7 @@ def sc():
         .set("spark.default.parallelism", "2")
         .set("spark.driver.bindAddress", "127.0.0.1")
         .set("spark.driver.host", "127.0.0.1")
+        .set("spark.ui.showConsoleProgress", "false")
     )
     context = SparkContext.getOrCreate(conf)
     context.setLogLevel("ERROR")
