@@ -164,12 +164,13 @@ class StateKeysSampler:
         self._in_flight: Future[None] | None = None
         self._last_started = -math.inf
         self._lock = threading.Lock()
+        self._closed = False
         self.counts: dict[str, int] = {}
 
     def maybe_sample(self) -> None:
         now = time.monotonic()
         with self._lock:
-            if now - self._last_started < self.interval_s:
+            if self._closed or now - self._last_started < self.interval_s:
                 return
             if self._in_flight is not None and not self._in_flight.done():
                 return
@@ -203,8 +204,10 @@ class StateKeysSampler:
         self.counts = counts  # replaced whole, so a scrape never sees it half-updated
 
     def close(self) -> None:
-        """Cancel an in-flight count and wait for it, so stopping Spark finds nothing running."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Cancel an in-flight count and wait for it, so stopping Spark finds nothing running;
+        batches that complete afterwards (a graceful stop) sample nothing."""
+        with self._lock:
+            self._closed = True
         self._ssc.sparkContext.cancelJobGroup(SAMPLER_JOB_GROUP)
         self._executor.shutdown(wait=True)
 

@@ -1,0 +1,190 @@
+"""Backpressure units: Spark's PID rate estimator rule by rule, the rate controller with fake
+times, and how sources spend a record budget."""
+
+from __future__ import annotations
+
+import pytest
+from dstream.clock import ManualClock
+from dstream.context import StreamingContext
+from dstream.rate import PIDRateEstimator, RateController
+from dstream.sources import FileInputDStream, RateInputDStream, split_budget
+
+BATCH_MS = 1000
+
+
+def primed(processing_rate: float = 1000.0, **gains: float) -> PIDRateEstimator:
+    """An estimator whose first valid update has recorded `processing_rate` at t=1000 ms."""
+    estimator = PIDRateEstimator(BATCH_MS, **gains)
+    assert estimator.compute(1000, int(processing_rate), 1000, 0) is None
+    return estimator
+
+
+# -- the update rules -------------------------------------------------------------------
+
+
+def test_no_update_without_records():
+    estimator = primed()
+    assert estimator.compute(2000, 0, 500, 0) is None
+    assert estimator.compute(2000, 500, 500, 0) == pytest.approx(1000)  # t=2000 still counts
+
+
+def test_no_update_without_processing_time():
+    estimator = primed()
+    assert estimator.compute(2000, 1000, 0, 0) is None
+    assert estimator.last_terms is None
+
+
+def test_no_update_without_elapsed_time():
+    estimator = primed()
+    assert estimator.compute(1000, 2000, 1000, 0) is None
+    assert estimator.compute(900, 2000, 1000, 0) is None
+    assert estimator.compute(1001, 2000, 1000, 0) is not None
+
+
+def test_first_valid_update_only_records_the_processing_rate():
+    estimator = PIDRateEstimator(BATCH_MS)
+    assert estimator.compute(500, 0, 100, 0) is None  # invalid: does not count as the first
+    assert estimator.compute(1000, 3000, 1000, 5000) is None  # first valid: rate 3000/s kept
+    assert estimator.last_terms is None
+    # Same processing rate, no delay: no error, so the estimate is exactly what was recorded.
+    assert estimator.compute(2000, 3000, 1000, 0) == pytest.approx(3000)
+
+
+def test_spark_control_law_with_every_term():
+    estimator = primed(1000, proportional=1.0, integral=0.2, derivative=0.1)
+    rate = estimator.compute(3000, 1500, 1000, 500)
+    # processingRate 1500; error 1000-1500 = -500; historical 500*1500/1000 = 750;
+    # dError (-500 - 0) / 2 s = -250; new = 1000 + 500 - 0.2*750 + 0.1*250 = 1375.
+    assert rate == pytest.approx(1375)
+    terms = estimator.last_terms
+    assert (terms.processing_rate, terms.error) == (pytest.approx(1500), pytest.approx(-500))
+    assert terms.historical_error == pytest.approx(750)
+    assert terms.derivative_error == pytest.approx(-250)
+    assert terms.rate == pytest.approx(1375)
+
+
+# -- steady state -----------------------------------------------------------------------
+
+
+def test_without_error_it_follows_the_processing_rate():
+    estimator = primed(1000)
+    for step, processing_rate in enumerate([1000, 2500, 2500, 800, 800], start=2):
+        rate = estimator.compute(step * BATCH_MS, processing_rate, 1000, 0)
+        assert rate == pytest.approx(processing_rate)
+
+
+def test_accumulated_scheduling_delay_pushes_the_rate_below_processing():
+    estimator = primed(1000)
+    rates = [estimator.compute(step * BATCH_MS, 1000, 1000, 2000) for step in range(2, 6)]
+    # Each batch waited two intervals: historical error 2000/s, so 1000 - 0.2*2000 = 600.
+    assert rates == [pytest.approx(600)] * 4
+    assert all(rate < 1000 for rate in rates)
+
+
+def test_never_below_min_rate():
+    estimator = primed(1000, min_rate=250)
+    assert estimator.compute(2000, 1000, 1000, 60_000) == 250
+    assert estimator.compute(3000, 1, 1000, 60_000) == 250
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"proportional": -0.1},
+        {"integral": -1},
+        {"derivative": -0.5},
+        {"min_rate": 0},
+        {"min_rate": -10},
+    ],
+)
+def test_rejects_invalid_gains(arguments):
+    with pytest.raises(ValueError, match=next(iter(arguments)).split("_")[0]):
+        PIDRateEstimator(BATCH_MS, **arguments)
+
+
+def test_rejects_a_non_positive_batch_interval():
+    with pytest.raises(ValueError, match="batch interval"):
+        PIDRateEstimator(0)
+
+
+# -- the controller ---------------------------------------------------------------------
+
+
+def controller(
+    batch_ms: int = BATCH_MS, initial: float | None = None, cap: float | None = None
+) -> RateController:
+    return RateController(PIDRateEstimator(batch_ms), initial_rate=initial, max_rate=cap)
+
+
+def test_without_initial_rate_the_first_batches_are_unlimited():
+    limited = controller()
+    assert limited.rate_limit is None and limited.max_records() is None
+    limited.update(1000, 5000, 1000, 0)  # the first valid update only records
+    assert limited.max_records() is None
+    limited.update(2000, 4000, 1000, 0)
+    assert limited.rate_limit == pytest.approx(4000)
+
+
+def test_initial_rate_limits_until_the_estimator_speaks():
+    limited = controller(initial=1000)
+    assert limited.rate_limit == 1000 and limited.max_records() == 1000
+    limited.update(1000, 1000, 200, 0)  # processing 5000/s: recorded, not yet applied
+    assert limited.rate_limit == 1000
+    limited.update(2000, 1000, 200, 0)
+    assert limited.rate_limit == pytest.approx(5000)
+
+
+def test_budget_is_rate_times_batch_interval():
+    assert controller(batch_ms=500, initial=3000).max_records() == 1500
+    assert controller(batch_ms=2000, initial=3000).max_records() == 6000
+    assert controller(batch_ms=100, initial=5).max_records() == 1  # never a zero budget
+
+
+def test_max_rate_caps_initial_rate_and_estimates():
+    capped = controller(initial=50_000, cap=2000)
+    assert capped.rate_limit == 2000 and capped.max_records() == 2000
+    capped.update(1000, 10_000, 1000, 0)
+    capped.update(2000, 10_000, 1000, 0)  # estimate 10000/s
+    assert capped.rate_limit == 2000
+    assert controller(cap=700).rate_limit == 700  # unlimited becomes the cap
+
+
+def test_estimates_below_the_cap_pass():
+    capped = controller(cap=2000)
+    capped.update(1000, 1000, 1000, 0)
+    capped.update(2000, 1000, 1000, 0)
+    assert capped.rate_limit == pytest.approx(1000)
+
+
+# -- sources spend the budget ------------------------------------------------------------
+
+
+def test_split_budget_follows_each_partitions_backlog():
+    assert split_budget([300, 100], 200) == [150, 50]
+    assert split_budget([5, 5, 5], 7) == [3, 2, 2]
+    assert split_budget([10, 0], 50) == [10, 0]  # budget above backlog: everything
+    assert split_budget([10, 20], None) == [10, 20]
+
+
+@pytest.fixture
+def ssc(sc):
+    return StreamingContext(sc, BATCH_MS / 1000, clock=ManualClock())
+
+
+def test_rate_source_admits_exactly_the_budget(ssc):
+    source = RateInputDStream(ssc, records_per_second=10_000, partitions=4)
+    planned = source.plan(1000, 1500)
+    assert source.records_in(planned) == 1500
+    assert source.backlog(1000) == 10_000 - 1500
+    assert source.records_in(source.plan(2000, None)) == 20_000 - 1500  # unlimited: all
+
+
+def test_file_source_admits_whole_files_up_to_the_budget(ssc, tmp_path):
+    for name in "abc":
+        (tmp_path / name).write_text(("y" * 99 + "\n") * 30)  # 3000 bytes: 30 records estimated
+    source = FileInputDStream(ssc, str(tmp_path))
+    first = source.plan(1000, 70)
+    assert first["files"] == ["a", "b"] and source.records_in(first) == 60
+    assert source.backlog(1000) == 30
+    second = source.plan(2000, 10)  # one file larger than the budget still goes, whole
+    assert second["files"] == ["c"]
