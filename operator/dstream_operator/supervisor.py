@@ -84,6 +84,7 @@ class JobBook:
         memory = self.memory(key)
         if deleted:
             memory.driver, memory.vanished = None, pod
+            self._forget_if_orphaned(key)
         else:
             memory.driver = pod
         self.changed.set()
@@ -92,9 +93,16 @@ class JobBook:
         executors = self.memory(key).executors
         if deleted:
             executors.pop(pod.name, None)
+            self._forget_if_orphaned(key)
         else:
             executors[pod.name] = pod.ready and pod.alive
         self.changed.set()
+
+    def _forget_if_orphaned(self, key: JobKey) -> None:
+        """Pods of a deleted job go after the job itself: keep no memory for them."""
+        memory = self.jobs[key]
+        if memory.body is None and memory.driver is None and not memory.executors:
+            del self.jobs[key]
 
     def reset_failure(self, key: JobKey) -> bool:
         """After a spec change a Failed job gets a fresh restart budget; True if it was Failed."""

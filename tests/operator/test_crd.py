@@ -159,3 +159,12 @@ def test_a_full_status_fits_the_status_schema():
     stored = {key: value for key, value in status.to_patch().items() if value is not None}
     validator("status").validate(stored | {"observedGeneration": 3})
     assert not list(validator("status").iter_errors({"phase": "Sleeping"})) == []
+
+
+def test_operator_uses_only_the_spec_from_the_engine():
+    package = ROOT / "operator" / "dstream_operator"
+    for module in package.glob("*.py"):
+        for line in module.read_text().splitlines():
+            words = line.split()
+            if words[:1] in (["import"], ["from"]) and words[1].split(".")[0] == "dstream":
+                assert words[1] == "dstream.spec", f"{module.name}: {line}"

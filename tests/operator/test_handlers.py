@@ -4,6 +4,7 @@ change, delete."""
 from __future__ import annotations
 
 import pytest
+from prometheus_client import REGISTRY
 
 from tests.operator.conftest import JOBS, PODS, current, events, job_manifest, path, wait_for
 
@@ -84,7 +85,13 @@ async def test_running_driver_reports_batches(operator, driver_api):
     await wait_for(lambda: status_of(operator).get("phase") == "Recovering")
 
 
+def restarts_metric() -> float:
+    labels = {"namespace": "jobs", "job": "wc"}
+    return REGISTRY.get_sample_value("dstream_operator_driver_restarts_total", labels) or 0.0
+
+
 async def test_failed_driver_is_replaced_with_backoff_then_job_fails(operator):
+    restarts_before = restarts_metric()
     await create(operator, job_manifest())
     await wait_for(lambda: current(operator, PODS, "wc-driver"))
     for attempt in (1, 2):
@@ -106,6 +113,12 @@ async def test_failed_driver_is_replaced_with_backoff_then_job_fails(operator):
     assert status["restarts"] == 2
     kinds = [reason for _, reason, _ in events(operator)]
     assert kinds.count("DriverLost") == 2 and "JobFailed" in kinds and "DriverRestarted" in kinds
+    assert restarts_metric() - restarts_before == 2
+    jobs_failed = {"phase": "Failed"}
+    await wait_for(lambda: REGISTRY.get_sample_value("dstream_operator_jobs", jobs_failed) == 1)
+    assert REGISTRY.get_sample_value(
+        "dstream_operator_reconciliations_total", {"handler": "create"}
+    )
 
 
 async def test_deleted_driver_is_replaced_and_counted(operator):
