@@ -39,7 +39,7 @@ RUN apt-get update \
 COPY pyproject.toml /src/pyproject.toml
 RUN python3 -c 'import tomllib; print("\n".join(tomllib.load(open("/src/pyproject.toml", "rb"))["project"]["dependencies"]))' \
         > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt "setuptools>=68" \
+    && pip install -r /tmp/requirements.txt "setuptools>=70.1" \
     && rm /tmp/requirements.txt
 
 # The project itself: the engine, the API and the operator.

@@ -21,7 +21,6 @@ import pytest_asyncio
 from dstream_operator import handlers
 from dstream_operator.kube import Kube
 from dstream_operator.supervisor import SupervisorSettings
-from kopf._cogs.structs.credentials import ConnectionInfo, Vault
 from kubernetes.client import Configuration
 
 NS = "jobs"
@@ -132,12 +131,17 @@ async def operator(cluster, driver_api) -> AsyncIterator[kmock.KubernetesEmulato
     assert not thread.is_alive()
 
 
+@kopf.on.login()
+def login_to_kmock(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """Tests only: the operator talks to this test's kmock (replaces kopf's kubeconfig logins)."""
+    return kopf.ConnectionInfo(server=memo.kmock_url)
+
+
 async def run_operator(url: str, stop: threading.Event) -> None:
-    vault = Vault()
-    await vault.populate({"kmock": ConnectionInfo(server=url)})
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = True
     memo = kopf.Memo(
+        kmock_url=url,
         kube=Kube(Configuration(host=url)),
         supervision=SupervisorSettings(interval_seconds=0.2, poll_timeout_seconds=1.0),
     )
@@ -146,7 +150,6 @@ async def run_operator(url: str, stop: threading.Event) -> None:
         settings=settings,
         namespaces=[NS],
         standalone=True,
-        vault=vault,
         memo=memo,
         stop_flag=stop,
     )
