@@ -118,6 +118,10 @@ class StreamingMetrics:
             "dstream_last_completed_batch_timestamp_seconds",
             "Batch time (unix seconds) of the last completed batch; alert when it stops moving.",
         )
+        gauge(
+            "dstream_batch_interval_seconds",
+            "The job's batch interval: processing above it means the job falls behind.",
+        ).set(self._ssc._batch_ms / 1000)
 
     # -- streaming listener ----------------------------------------------------------------
 
