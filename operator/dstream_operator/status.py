@@ -89,7 +89,6 @@ class PodFacts:
     """What the operator needs to know about one pod, read from the pod object."""
 
     name: str
-    uid: str | None
     phase: str
     ready: bool
     scheduled: bool
@@ -129,7 +128,6 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
     annotations = metadata.get("annotations") or {}
     return PodFacts(
         name=metadata.get("name", ""),
-        uid=metadata.get("uid"),
         phase=status.get("phase") or "Pending",
         ready=conditions.get("Ready") == "True",
         scheduled=conditions.get("PodScheduled") == "True",
