@@ -155,7 +155,7 @@ async def run_operator(url: str, stop: threading.Event) -> None:
     )
 
 
-async def wait_for(condition: Callable[[], Any], timeout: float = 10.0) -> Any:
+async def wait_for(condition: Callable[[], Any], timeout: float = 20.0) -> Any:
     """Poll until `condition()` is truthy; return its value."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
