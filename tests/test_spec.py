@@ -1,0 +1,114 @@
+"""The StreamingJob model: durations, defaults, and errors that name the wrong field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from dstream.spec import SpecError, duration_ms, load_job, parse_job
+
+WORDCOUNT = yaml.safe_load(
+    (Path(__file__).parent.parent / "examples" / "wordcount.yaml").read_text()
+)
+
+
+def with_change(path: str, value) -> dict:
+    """The wordcount example with one field (dotted path) set to `value` (or removed if None)."""
+    document = copy.deepcopy(WORDCOUNT)
+    *parents, leaf = path.split(".")
+    node = document
+    for key in parents:
+        node = node[key]
+    if value is None:
+        del node[leaf]
+    else:
+        node[leaf] = value
+    return document
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [("500ms", 500), ("1s", 1000), ("30s", 30_000), ("5m", 300_000), ("1h", 3_600_000)],
+)
+def test_durations(text, ms):
+    assert duration_ms(text) == ms
+
+
+@pytest.mark.parametrize("text", ["0s", "1.5s", "1 s", "s", "10", "-1s", "1d"])
+def test_bad_durations(text):
+    with pytest.raises(ValueError, match="not a duration"):
+        duration_ms(text)
+
+
+def test_defaults_fill_an_minimal_job():
+    job = parse_job(
+        {
+            "apiVersion": "dstream.dev/v1alpha1",
+            "kind": "StreamingJob",
+            "metadata": {"name": "tiny"},
+            "spec": {
+                "batchInterval": "2s",
+                "app": {"builtin": "grep", "args": {"pattern": "ab"}},
+                "source": {"type": "rate", "rate": {"recordsPerSecond": 10}},
+            },
+        }
+    )
+    spec = job.spec
+    assert spec.batch_interval_ms == 2000
+    assert spec.sink.type == "console"
+    assert spec.backpressure.pid.proportional == 1.0 and spec.backpressure.min_rate == 100
+    assert spec.speculation.enabled and spec.speculation.multiplier == 1.4
+    assert spec.restart_policy.type == "Always"
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("spec.batchInterval", "1 sec", "spec.batchInterval: String should match pattern"),
+        (
+            "spec.source.rate.recordsPerSecond",
+            0,
+            "spec.source.rate.recordsPerSecond: Input should be greater",
+        ),
+        ("spec.source.type", "kafka", "spec.source.type: Input should be 'rate' or 'files'"),
+        (
+            "spec.source.rate",
+            None,
+            "spec.source: Value error, type is 'rate' but the 'rate' block is missing",
+        ),
+        (
+            "spec.app.args",
+            {"window": "x"},
+            "spec.app.args: Value error, window: String should match",
+        ),
+        (
+            "spec.app.module",
+            "pkg.mod:build",
+            "spec.app: Value error, set exactly one of builtin or module",
+        ),
+        ("spec.executor.memory", "1GB", "spec.executor.memory: String should match pattern"),
+        ("spec.checkpoint.path", None, "spec.checkpoint.path: Field required"),
+        ("spec.bogus", 1, "spec.bogus: Extra inputs are not permitted"),
+        ("metadata.name", "Not_A_Name", "metadata.name: String should match pattern"),
+        ("kind", "Job", "kind: Input should be 'StreamingJob'"),
+    ],
+)
+def test_invalid_specs_name_the_field(path, value, message):
+    with pytest.raises(SpecError) as caught:
+        parse_job(with_change(path, value))
+    assert any(problem.startswith(message) for problem in caught.value.problems), (
+        caught.value.problems
+    )
+
+
+def test_load_job_reports_yaml_errors_and_missing_kind(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec: [unclosed\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_job(broken)
+    two = tmp_path / "two.yaml"
+    two.write_text("kind: A\n---\nkind: B\n")
+    with pytest.raises(SpecError, match="no document of kind StreamingJob"):
+        load_job(two)
