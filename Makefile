@@ -15,8 +15,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --progress-bar off -e '.[test]'
 	touch $(STAMP)
 
+DEMO_CHECKPOINT := .demo/checkpoint
+
+# The demo starts from scratch each time: a checkpoint left by an earlier demo would make it
+# first catch up on every batch time it missed.
 demo: setup
-	$(BIN)/dstream run examples/wordcount.yaml --duration $(DEMO_SECONDS)
+	rm -rf $(DEMO_CHECKPOINT)
+	$(BIN)/dstream run examples/wordcount.yaml --duration $(DEMO_SECONDS) \
+		--checkpoint $(DEMO_CHECKPOINT)
 
 test: setup
 	$(BIN)/python -m pytest -ra

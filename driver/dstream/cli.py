@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from dstream.checkpoint import CheckpointMismatchError
-from dstream.spec import SpecError, StreamingJob, load_job
+from dstream.spec import Checkpoint, SpecError, StreamingJob, load_job
 
 EXIT_INVALID = 2
 EXIT_CHECKPOINT_MISMATCH = 3
@@ -46,6 +46,11 @@ def add_run_arguments(
         "--duration", type=float, default=None, help="stop gracefully after this many seconds"
     )
     run.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        help="checkpoint directory instead of the manifest's spec.checkpoint.path",
+    )
+    run.add_argument(
         "--fresh",
         action="store_true",
         help="move an existing checkpoint aside and start from scratch",
@@ -72,9 +77,18 @@ def load_or_exit(path: str) -> StreamingJob:
         raise SystemExit(EXIT_INVALID) from None
 
 
+def with_path(checkpoint: Checkpoint | None, path: str) -> Checkpoint:
+    """The manifest's checkpoint settings at another path (cluster paths rarely exist locally)."""
+    if checkpoint is None:
+        return Checkpoint(path=path)
+    return checkpoint.model_copy(update={"path": path})
+
+
 def run_job(args: argparse.Namespace) -> int:
     """Start the job (recovering from its checkpoint), serve the API, stop on SIGTERM/SIGINT."""
     job = load_or_exit(args.manifest)
+    if args.checkpoint:
+        job.spec.checkpoint = with_path(job.spec.checkpoint, args.checkpoint)
     from dstream.job import JobRuntime, ProgressPrinter
 
     runtime = JobRuntime(job, args.master, dict(args.conf), fresh=args.fresh)
