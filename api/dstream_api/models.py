@@ -35,7 +35,10 @@ class LastBatch(ApiModel):
 
 class Status(ApiModel):
     job: str
-    state: Literal["starting", "initialized", "recovering", "running", "stopping", "stopped"]
+    state: str = Field(
+        description="starting, initialized, recovering (re-running batches from the checkpoint), "
+        "running, stopping or stopped."
+    )
     batch_interval_seconds: float = Field(gt=0)
     last_batch: LastBatch | None = Field(description="null until the first batch completes.")
     rate_limit: dict[str, float | None] = Field(
@@ -52,7 +55,10 @@ class Status(ApiModel):
 
 class Batch(ApiModel):
     time: datetime
-    kind: Literal["live", "replayed", "catch-up"]
+    kind: str = Field(
+        description="live; catch-up (planned late, the job was behind); replayed (re-run from "
+        "the checkpoint after a restart)."
+    )
     records: int = Field(ge=0)
     records_by_source: dict[str, int]
     rate_limit: dict[str, float | None]

@@ -89,3 +89,20 @@ def test_state_keys_are_sampled_from_the_newest_rdd_of_query_streams(ssc, tmp_pa
         assert time.monotonic() < deadline, metrics.state_keys.counts
         time.sleep(0.1)
     metrics.close()
+
+
+def test_recoveries_count_what_a_restart_found(sc, tmp_path):
+    def build() -> StreamingMetrics:
+        ssc = manual_context(sc)
+        ssc.checkpoint(str(tmp_path / "checkpoint"))
+        ssc.rateStream(100, name="rate").foreachRDD(lambda rdd: rdd.count())
+        return StreamingMetrics(JOB, ssc, state_keys_interval_s=3600)
+
+    first = build()
+    run_batches(first._ssc, 2)
+    assert value(first, "dstream_recoveries_total", kind="driver_restart") == 0
+    restarted = build()
+    restarted._ssc.start()
+    restarted._ssc.stop(stopSparkContext=False)
+    assert value(restarted, "dstream_recoveries_total", kind="driver_restart") == 1
+    assert value(restarted, "dstream_recoveries_total", kind="torn_files") == 0
