@@ -30,6 +30,19 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -ra -m "not k8s and not slow"
 
+# Benchmarks against pyspark.streaming and Structured Streaming (bench/README.md).
+BENCH_STAMP := $(VENV)/.bench-stamp
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install --progress-bar off -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+bench: setup $(BENCH_STAMP)
+	$(BIN)/python -m bench
+
+bench-quick: setup $(BENCH_STAMP)
+	$(BIN)/python -m bench --quick
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -1,0 +1,1 @@
+"""Benchmarks of the engine against pyspark.streaming and Structured Streaming (`make bench`)."""

@@ -1,0 +1,81 @@
+"""The same deterministic input for every system: batch k holds the records of interval k.
+
+All three systems read the records of `dstream.textgen`: record (partition p, offset n) is line
+`line_index(seed, p, n)` of a pool of 100-byte lines. Batch k (1-based) of a stream at `rate`
+records per second over P partitions holds the global sequence numbers [rate*(k-1), rate*k), and
+sequence number v is record (v % P, v // P): exactly how `RateInputDStream` splits its offsets.
+
+How each system gets its records, chosen so that input costs each of them what a real source
+would (a pool lookup, no per-record randomness):
+- dstream: its own `ssc.rateStream` (offset ranges planned on the driver, lines made in tasks).
+- pyspark.streaming: a constant one-element input stream whose `transform(time, rdd)` builds the
+  same per-batch RDD as `RateInputDStream._read` (a parallelized slice list, lines made in tasks).
+- Structured Streaming: the `rate-micro-batch` source (exactly `rate` rows per micro-batch, so a
+  batch is an interval, as in the DStream systems), the splitmix64 index computed in the JVM with
+  Spark SQL's 64-bit arithmetic, and the pool joined by index as a broadcast table, so the lines
+  are JVM strings from the start, as from any JVM-native source (Kafka, files).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from dstream import textgen
+
+_MASK64 = (1 << 64) - 1
+
+
+def batch_slices(rate: int, partitions: int, k: int) -> list[tuple[int, int, int]]:
+    """(partition, start offset, end offset) of batch k: the offsets that arrived in interval k."""
+
+    def available(batches: int) -> list[int]:
+        base, extra = divmod(rate * batches, partitions)
+        return [base + (1 if p < extra else 0) for p in range(partitions)]
+
+    before, after = available(k - 1), available(k)
+    return [(p, before[p], after[p]) for p in range(partitions)]
+
+
+def slice_lines(seed: int, record_bytes: int) -> Any:
+    """The task function that turns slices into lines, as RateInputDStream's tasks do."""
+
+    def generate(_split: int, items: Iterator[tuple[int, int, int]]) -> Iterator[str]:
+        for partition, start, end in items:
+            yield from textgen.lines(seed, record_bytes, partition, start, end)
+
+    return generate
+
+
+def _signed(value: int) -> int:
+    """A 64-bit pattern as the signed long Spark SQL stores."""
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def pool_index_column(value: str, partitions: int, seed: int) -> Any:
+    """textgen.line_index of the sequence number in column `value`, as a Spark SQL expression.
+
+    Needs `spark.sql.ansi.enabled=false`, so that long arithmetic wraps like the uint64 arithmetic
+    of splitmix64; the pool size is a power of two, so the final modulo is a mask.
+    """
+    from pyspark.sql import functions as sf
+
+    assert textgen.POOL_SIZE & (textgen.POOL_SIZE - 1) == 0
+    partition = sf.expr(f"{value} % {partitions}").cast("long")
+    offset = sf.expr(f"{value} div {partitions}").cast("long")
+    z = (
+        offset * sf.lit(_signed(0x9E3779B97F4A7C15))
+        + partition * sf.lit(_signed(0xBF58476D1CE4E5B9))
+        + sf.lit(seed).cast("long")
+    )
+    z = z.bitwiseXOR(sf.shiftrightunsigned(z, 30)) * sf.lit(_signed(0xBF58476D1CE4E5B9))
+    z = z.bitwiseXOR(sf.shiftrightunsigned(z, 27)) * sf.lit(_signed(0x94D049BB133111EB))
+    z = z.bitwiseXOR(sf.shiftrightunsigned(z, 31))
+    return z.bitwiseAND(sf.lit(textgen.POOL_SIZE - 1)).cast("int")
+
+
+def pool_frame(spark: Any, seed: int, record_bytes: int) -> Any:
+    """The line pool as a small (index, line) DataFrame to broadcast."""
+    pool = textgen.line_pool(seed, record_bytes)
+    return spark.createDataFrame(list(enumerate(pool)), "idx int, line string")

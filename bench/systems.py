@@ -1,0 +1,377 @@
+"""The three workloads written idiomatically in each system, and one trial run of them.
+
+A `System` owns one SparkContext (one JVM) and runs trials on it one after another: a trial
+starts a streaming job for a workload at a fixed input rate, waits until enough batches have
+completed, stops the job (not Spark) and returns the batches' timings. Every system emits each
+batch's result through a cheap action (a count, or the k top pairs), so output costs the same.
+
+Workloads (the D-Stream paper's):
+- grep: how many lines of each batch contain PATTERN;
+- wordcount: word counts over a 30 s window sliding every 1 s;
+- topk: the K most frequent words over the last 30 s, every second.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pyspark import SparkConf, SparkContext
+
+from bench import feed
+
+PATTERN = "bab"  # in about a quarter of the lines
+WINDOW_S = 30
+K = 10
+SEED = 7
+RECORD_BYTES = 100
+WORKLOADS = ("grep", "wordcount", "topk")
+SYSTEMS = ("dstream", "pyspark.streaming", "structured")
+
+
+@dataclass
+class Batch:
+    """One completed batch; times in ms. `time_ms` ends the interval whose records it holds."""
+
+    time_ms: int
+    records: int
+    scheduling_ms: int
+    processing_ms: int
+    end_ms: int
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def spark_conf(master: str, partitions: int) -> SparkConf:
+    """The same Spark settings for every system: quiet, local, `partitions` tasks per stage.
+    Python workers run this interpreter (the venv, where dstream and bench import): PySpark
+    reads PYSPARK_PYTHON when the SparkContext starts, and PYTHONPATH reaches the workers."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH", "")) if p
+    )
+    return SparkConf().setAll(
+        [
+            ("spark.master", master),
+            ("spark.app.name", "dstream-bench"),
+            ("spark.ui.enabled", "false"),
+            ("spark.ui.showConsoleProgress", "false"),
+            ("spark.driver.host", "127.0.0.1"),
+            ("spark.driver.bindAddress", "127.0.0.1"),
+            ("spark.default.parallelism", str(partitions)),
+            ("spark.sql.shuffle.partitions", str(partitions)),
+            ("spark.sql.ansi.enabled", "false"),
+            ("spark.driver.memory", "2g"),
+        ]
+    )
+
+
+class System:
+    """Base: a SparkContext plus a batch collector that trials fill in."""
+
+    name = ""
+
+    def __init__(self, sc: SparkContext, partitions: int):
+        self.sc = sc
+        self.partitions = partitions
+        self._batches: list[Batch] = []
+        self._warmup = 0
+        self._changed = threading.Condition()
+
+    def _record(self, batch: Batch) -> None:
+        with self._changed:
+            self._batches.append(batch)
+            self._changed.notify_all()
+
+    def _wait_for(self, count: int, deadline: float) -> None:
+        with self._changed:
+            self._changed.wait_for(
+                lambda: len(self._batches) >= count, max(0.0, deadline - time.monotonic())
+            )
+
+    def run(
+        self, workload: str, rate: int, warmup: int, measured: int, timeout_s: float
+    ) -> list[Batch]:
+        """Run `workload` at `rate` records/s for `warmup` + `measured` batches (or until the
+        timeout) and return the measured ones."""
+        self._batches = []
+        self._warmup = warmup
+        workdir = tempfile.mkdtemp(prefix=f"bench-{self.name}-")
+        try:
+            self._run(workload, rate, warmup + measured, time.monotonic() + timeout_s, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+            for rdd in self.sc._jsc.getPersistentRDDs().values():
+                rdd.unpersist(False)
+        return self._measured()
+
+    def _measured(self) -> list[Batch]:
+        """The batches after the warm-up (listeners see them all)."""
+        return self._batches[self._warmup :]
+
+    def _run(self, workload: str, rate: int, batches: int, deadline: float, workdir: str) -> None:
+        raise NotImplementedError
+
+
+def _emit_count(rdd: Any) -> None:
+    rdd.count()
+
+
+def _emit_all(rdd: Any) -> None:
+    rdd.collect()
+
+
+def _emit_top(rdd: Any) -> None:
+    k = K
+    rdd.takeOrdered(k, key=lambda kv: (-kv[1], kv[0]))
+
+
+class DStreamSystem(System):
+    """This project's engine running its built-in apps, fed by its own rate source."""
+
+    name = "dstream"
+
+    def _run(self, workload: str, rate: int, batches: int, deadline: float, workdir: str) -> None:
+        from dstream import apps
+        from dstream.context import StreamingContext
+        from dstream.spec import GrepArgs, TopkArgs, WordcountArgs
+
+        ssc = StreamingContext(self.sc, 1)
+        ssc.checkpoint(workdir)
+        lines = ssc.rateStream(rate, self.partitions, SEED, RECORD_BYTES)
+        window = f"{WINDOW_S}s"
+        if workload == "grep":
+            apps.grep(ssc, lines, GrepArgs(pattern=PATTERN)).foreachRDD(_emit_all)
+        elif workload == "wordcount":
+            args = WordcountArgs(window=window, slide="1s")
+            apps.wordcount(ssc, lines, args).foreachRDD(_emit_count)
+        else:
+            apps.topk(ssc, lines, TopkArgs(k=K, window=window, slide="1s")).foreachRDD(_emit_all)
+        ssc.addStreamingListener(_DStreamCollector(self, rate))
+        ssc.start()
+        try:
+            self._wait_for(batches, deadline)
+        finally:
+            ssc.stop(stopSparkContext=False)
+
+
+class _DStreamCollector:
+    def __init__(self, system: System, rate: int):
+        self._system = system
+        self._rate = rate
+
+    def onBatchCompleted(self, event: Any) -> None:
+        info = event.batchInfo()
+        if info.error is not None:
+            return
+        self._system._record(
+            Batch(
+                info.batch_time_ms,
+                info.numRecords(),
+                info.schedulingDelay(),
+                info.processingDelay(),
+                info.processing_end_ms,
+            )
+        )
+
+
+class LegacySystem(System):
+    """pyspark.streaming, as its users write it (reduceByKeyAndWindow with an inverse)."""
+
+    name = "pyspark.streaming"
+
+    def _run(self, workload: str, rate: int, batches: int, deadline: float, workdir: str) -> None:
+        from pyspark.streaming import StreamingContext
+
+        ssc = StreamingContext(self.sc, 1)
+        ssc.checkpoint(workdir)
+        lines = legacy_rate_lines(ssc, rate, self.partitions, origin_ms=None)
+        if workload == "grep":
+            pattern = PATTERN
+            matches = lines.filter(lambda line: re.search(pattern, line) is not None)
+            matches.count().foreachRDD(_emit_all)
+        else:
+            pairs = lines.flatMap(lambda line: line.split()).map(lambda word: (word, 1))
+            counts = pairs.reduceByKeyAndWindow(
+                operator.add, operator.sub, WINDOW_S, 1, filterFunc=lambda kv: kv[1] > 0
+            )
+            if workload == "wordcount":
+                counts.foreachRDD(_emit_count)
+            else:
+                counts.foreachRDD(_emit_top)
+        ssc.addStreamingListener(_legacy_listener(self, rate))
+        ssc.start()
+        try:
+            self._wait_for(batches, deadline)
+        finally:
+            ssc.stop(stopSparkContext=False, stopGraceFully=False)
+
+
+def legacy_rate_lines(ssc: Any, rate: int, partitions: int, origin_ms: int | None) -> Any:
+    """The rate source's lines as a pyspark.streaming DStream: batch at time T holds interval
+    k = (T - origin) / 1 s. Without an origin, the first batch is interval 1."""
+    from pyspark.streaming.dstream import DStream
+
+    sc = ssc.sparkContext
+    tick = sc.parallelize([0], 1)
+    jrdd = tick._jrdd
+    constant = sc._jvm.org.apache.spark.streaming.dstream.ConstantInputDStream(
+        ssc._jssc.ssc(), jrdd.rdd(), jrdd.classTag()
+    )
+    java_stream = sc._jvm.org.apache.spark.streaming.api.java.JavaDStream(constant, jrdd.classTag())
+    ticks = DStream(java_stream, ssc, tick._jrdd_deserializer)
+    origin = {"ms": origin_ms}
+    generate = feed.slice_lines(SEED, RECORD_BYTES)
+
+    def interval_lines(time: Any, rdd: Any) -> Any:
+        time_ms = round(time.timestamp() * 1000)
+        if origin["ms"] is None:
+            origin["ms"] = time_ms - 1000
+        k = (time_ms - origin["ms"]) // 1000
+        slices = feed.batch_slices(rate, partitions, k)
+        return rdd.context.parallelize(slices, partitions).mapPartitionsWithIndex(generate)
+
+    return ticks.transform(interval_lines)
+
+
+def _legacy_listener(system: System, rate: int) -> Any:
+    from pyspark.streaming.listener import StreamingListener
+
+    class Collector(StreamingListener):
+        def onBatchCompleted(self, batchCompleted: Any) -> None:
+            info = batchCompleted.batchInfo()
+            system._record(
+                Batch(
+                    info.batchTime().milliseconds(),
+                    rate,
+                    info.schedulingDelay(),
+                    info.processingDelay(),
+                    info.processingEndTime(),
+                )
+            )
+
+    return Collector()
+
+
+class StructuredSystem(System):
+    """Structured Streaming, DataFrame API: event-time sliding windows, state store, 1 s trigger."""
+
+    name = "structured"
+
+    def __init__(self, sc: SparkContext, partitions: int):
+        from pyspark.sql import SparkSession
+
+        super().__init__(sc, partitions)
+        self.spark = SparkSession(sc)
+        self.pool = feed.pool_frame(self.spark, SEED, RECORD_BYTES).cache()
+        self.pool.count()
+
+    def lines(self, rate: int, start_ms: int) -> Any:
+        from pyspark.sql import functions as sf
+
+        source = (
+            self.spark.readStream.format("rate-micro-batch")
+            .option("rowsPerBatch", rate)
+            .option("numPartitions", self.partitions)
+            .option("startTimestamp", start_ms)
+            .option("advanceMillisPerBatch", 1000)
+            .load()
+        )
+        indexed = source.withColumn("idx", feed.pool_index_column("value", self.partitions, SEED))
+        return indexed.join(sf.broadcast(self.pool), "idx").select("line", "timestamp")
+
+    def _run(self, workload: str, rate: int, batches: int, deadline: float, workdir: str) -> None:
+        from pyspark.sql import functions as sf
+
+        start_ms = int(time.time() * 1000)
+        lines = self.lines(rate, start_ms)
+        if workload == "grep":
+            matches = lines.where(sf.col("line").rlike(PATTERN))
+            writer = matches.writeStream.foreachBatch(lambda df, _id: df.count())
+        else:
+            words = lines.select(
+                sf.explode(sf.split(sf.trim("line"), " +")).alias("word"), "timestamp"
+            )
+            counts = (
+                words.withWatermark("timestamp", "1 second")
+                .groupBy(sf.window("timestamp", f"{WINDOW_S} seconds", "1 second"), "word")
+                .count()
+            )
+            writer = counts.writeStream.outputMode("update")
+            if workload == "wordcount":
+                writer = writer.format("noop")
+            else:
+                writer = writer.foreachBatch(_top_of_current_window(start_ms))
+        query = (
+            writer.option("checkpointLocation", workdir).trigger(processingTime="1 second").start()
+        )
+        try:
+            while time.monotonic() < deadline:
+                progress = query.lastProgress
+                if progress is not None and progress["batchId"] + 1 >= batches:
+                    break
+                time.sleep(0.2)
+        finally:
+            query.stop()
+        for batch in structured_batches(query.recentProgress, self._warmup):
+            self._record(batch)
+
+    def _measured(self) -> list[Batch]:
+        return list(self._batches)  # structured_batches() kept only the measured ones
+
+
+def _top_of_current_window(start_ms: int) -> Any:
+    """foreachBatch: the K largest counts of the window that ends with this micro-batch."""
+
+    def top(df: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as sf
+
+        end = sf.timestamp_millis(sf.lit(start_ms + (batch_id + 1) * 1000))
+        current = df.where(sf.col("window.end") == end)
+        current.orderBy(sf.desc("count"), "word").limit(K).collect()
+
+    return top
+
+
+def structured_batches(progress: list[dict[str, Any]], warmup: int) -> list[Batch]:
+    """Batch timings from query progress. Batch b's input is interval b of a 1 s schedule that
+    starts with the first measured batch (b = warmup): the rate-micro-batch source admits one
+    interval per trigger and never catches up, so a lag left by the (slow) first batches would
+    otherwise stay in every later delay; from there on a slow batch delays all later ones."""
+    from datetime import datetime
+
+    def started_ms(p: dict[str, Any]) -> int:
+        stamp = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00"))
+        return round(stamp.timestamp() * 1000)
+
+    measured = [p for p in progress if p["batchId"] >= warmup]
+    if not measured:
+        return []
+    # The most punctual batch defines the schedule (its scheduling delay is 0).
+    zero = min(started_ms(p) - p["batchId"] * 1000 for p in measured)
+    batches = []
+    for p in measured:
+        start = started_ms(p)
+        due = zero + p["batchId"] * 1000
+        processing = p["durationMs"].get("triggerExecution", 0)
+        batches.append(
+            Batch(due, p["numInputRows"], max(0, start - due), processing, start + processing)
+        )
+    return batches
+
+
+SYSTEM_CLASSES: dict[str, type[System]] = {
+    "dstream": DStreamSystem,
+    "pyspark.streaming": LegacySystem,
+    "structured": StructuredSystem,
+}
