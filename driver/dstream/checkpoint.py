@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,24 @@ log = logging.getLogger(__name__)
 
 _BATCH_FILE = re.compile(r"^batch-(\d+)\.json$")
 _COMMIT_FILE = re.compile(r"^commit-(\d+)\.json$")
+_TEMP_FILE = re.compile(r"^\..+\.tmp-\d+$")
+# Signature keys a restarted program may change: they decide when state is checkpointed, not
+# what it holds, so a checkpoint written with another interval restores just as well.
+_TUNABLE_SIGNATURE_KEYS = frozenset({"checkpointMs"})
+FAULT_INJECT_ENV = "DSTREAM_FAULT_INJECT"
+_fault_arrivals: dict[str, int] = {}
+
+
+def fault_point(name: str) -> None:
+    """Test hook for the fault suite: DSTREAM_FAULT_INJECT=<name>:<n> SIGKILLs this process the
+    n-th time it reaches `name`, so a crash can land exactly there. A no-op when unset."""
+    wanted = os.environ.get(FAULT_INJECT_ENV)
+    if not wanted or wanted.partition(":")[0] != name:
+        return
+    _fault_arrivals[name] = _fault_arrivals.get(name, 0) + 1
+    if _fault_arrivals[name] == int(wanted.partition(":")[2] or 1):
+        log.warning("%s=%s: killing this process", FAULT_INJECT_ENV, wanted)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class TornFileError(ValueError):
@@ -38,14 +57,27 @@ class CheckpointMismatchError(RuntimeError):
     """The checkpoint was written by a different streaming graph than the one being started."""
 
 
+class CheckpointUnrecoverableError(RuntimeError):
+    """The checkpoint lost what exact recovery needs (a batch record, or every state checkpoint
+    of a stream after the log was pruned); going on would silently change the results."""
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     """Write to a temporary sibling, fsync, rename over `path`, fsync the directory."""
+    _publish(_write_temporary(path, data), path)
+
+
+def _write_temporary(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as out:
         out.write(data)
         out.flush()
         os.fsync(out.fileno())
+    return tmp
+
+
+def _publish(tmp: Path, path: Path) -> None:
     os.replace(tmp, path)
     directory = os.open(path.parent, os.O_RDONLY)
     try:
@@ -54,11 +86,14 @@ def write_atomically(path: Path, data: bytes) -> None:
         os.close(directory)
 
 
-def write_document(path: Path, document: dict[str, Any]) -> None:
-    """A JSON document wrapped with the sha256 of its canonical body."""
+def write_document(path: Path, document: dict[str, Any], fault: str = "document-write") -> None:
+    """A JSON document wrapped with the sha256 of its canonical body; `fault` names the spot
+    between the temporary file and its rename for fault_point."""
     body = json.dumps(document, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(body.encode()).hexdigest()
-    write_atomically(path, json.dumps({"sha256": digest, "body": document}).encode())
+    tmp = _write_temporary(path, json.dumps({"sha256": digest, "body": document}).encode())
+    fault_point(fault)
+    _publish(tmp, path)
 
 
 def read_document(path: Path) -> dict[str, Any]:
@@ -129,10 +164,16 @@ class CheckpointDir:
         write_document(self.path / "metadata.json", metadata)
 
     def write_batch(self, time_ms: int, record: dict[str, Any]) -> None:
-        write_document(self.log_dir / f"batch-{time_ms}.json", {"time": time_ms, **record})
+        write_document(
+            self.log_dir / f"batch-{time_ms}.json",
+            {"time": time_ms, **record},
+            "batch-record-write",
+        )
 
     def write_commit(self, time_ms: int, commit: dict[str, Any]) -> None:
-        write_document(self.log_dir / f"commit-{time_ms}.json", {"time": time_ms, **commit})
+        write_document(
+            self.log_dir / f"commit-{time_ms}.json", {"time": time_ms, **commit}, "commit-write"
+        )
 
     def load_log(self) -> LogState:
         """Every readable record and commit; torn files are reported and skipped."""
@@ -140,6 +181,8 @@ class CheckpointDir:
         if not self.log_dir.exists():
             return state
         for entry in sorted(self.log_dir.iterdir()):
+            if _TEMP_FILE.match(entry.name):
+                entry.unlink(missing_ok=True)  # a writer that crashed before its rename
             for pattern, target in ((_BATCH_FILE, state.records), (_COMMIT_FILE, state.commits)):
                 match = pattern.match(entry.name)
                 if not match:
@@ -152,8 +195,11 @@ class CheckpointDir:
                     entry.unlink(missing_ok=True)
         return state
 
-    def prune(self, keep_from_ms: int, keep_state_paths: set[str]) -> None:
-        """Drop log entries older than keep_from_ms and state checkpoints no longer in force."""
+    def prune(self, keep_from_ms: int, keep_state_paths: set[str], current_run: str | None) -> None:
+        """Drop log entries older than keep_from_ms and state checkpoints no longer in force.
+
+        `current_run` is this SparkContext's checkpoint directory: only there can a checkpoint
+        still be in the middle of being written (earlier runs' leftovers are simply dropped)."""
         if self.log_dir.exists():
             for entry in self.log_dir.iterdir():
                 match = _BATCH_FILE.match(entry.name) or _COMMIT_FILE.match(entry.name)
@@ -161,11 +207,16 @@ class CheckpointDir:
                     entry.unlink(missing_ok=True)
         if not self.state_dir.exists():
             return
-        keep = {Path(p.removeprefix("file:")).resolve() for p in keep_state_paths}
+        keep = {_local_path(p) for p in keep_state_paths}
+        running = _local_path(current_run) if current_run else None
         for run_dir in self.state_dir.iterdir():
+            this_run = run_dir.resolve() == running
             for rdd_dir in run_dir.glob("rdd-*"):
-                if rdd_dir.resolve() not in keep and not _in_progress(rdd_dir):
-                    shutil.rmtree(rdd_dir, ignore_errors=True)
+                if rdd_dir.resolve() in keep or (this_run and _being_written(rdd_dir)):
+                    continue
+                shutil.rmtree(rdd_dir, ignore_errors=True)
+            if not this_run and not any(run_dir.iterdir()):
+                run_dir.rmdir()
 
     def move_aside(self, suffix: str) -> Path:
         """Rename the whole directory out of the way (start fresh without destroying data)."""
@@ -184,9 +235,14 @@ def move_checkpoint_aside(path: str | Path) -> Path | None:
     return moved
 
 
-def _in_progress(rdd_dir: Path) -> bool:
-    """Spark writes checkpoint parts to hidden temporary names first; leave those alone."""
-    return any(p.name.startswith(".") for p in rdd_dir.iterdir())
+def _local_path(uri: str) -> Path:
+    return Path(uri.removeprefix("file:")).resolve()
+
+
+def _being_written(rdd_dir: Path) -> bool:
+    """Spark writes each checkpoint part as `.part-N-attempt-M` and renames it when done (the
+    `.crc` files beside finished parts are Hadoop's checksums, not work in progress)."""
+    return any("-attempt-" in p.name for p in rdd_dir.iterdir())
 
 
 def compare_signatures(saved: list[dict[str, Any]], current: list[dict[str, Any]]) -> list[str]:
@@ -195,7 +251,7 @@ def compare_signatures(saved: list[dict[str, Any]], current: list[dict[str, Any]
     if len(saved) != len(current):
         differences.append(f"the checkpoint has {len(saved)} streams, the program {len(current)}")
     for index, (old, new) in enumerate(zip(saved, current, strict=False)):
-        for key in sorted(set(old) | set(new)):
+        for key in sorted((set(old) | set(new)) - _TUNABLE_SIGNATURE_KEYS):
             if old.get(key) != new.get(key):
                 differences.append(
                     f"stream #{index} ({new.get('kind', '?')}): {key} was {old.get(key)!r}, "

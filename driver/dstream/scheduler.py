@@ -9,6 +9,7 @@ delay (and the rate controller reacts), exactly as in Spark's JobGenerator/JobSc
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -21,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 from pyspark import RDD
 from pyspark.rdd import Partitioner, portable_hash
 
-from dstream.checkpoint import CheckpointDir, CheckpointMismatchError, compare_signatures
+from dstream.checkpoint import (
+    CheckpointDir,
+    CheckpointMismatchError,
+    CheckpointUnrecoverableError,
+    LogState,
+    compare_signatures,
+    fault_point,
+)
 from dstream.timeutil import datetime_of
 
 if TYPE_CHECKING:
@@ -198,20 +206,9 @@ class BatchScheduler:
         """Rebuild sources and state from the checkpoint; queue uncommitted batches for re-run."""
         assert self._checkpoint is not None
         metadata = self._checkpoint.read_metadata() or {}
-        differences = compare_signatures(metadata.get("graph", []), self._graph.signature())
-        if metadata.get("batchMs") != self._graph.batch_ms:
-            differences.insert(
-                0, f"batch interval was {metadata.get('batchMs')} ms, now {self._graph.batch_ms} ms"
-            )
-        if differences:
-            raise CheckpointMismatchError(
-                f"checkpoint {self._checkpoint.path} was written by a different streaming graph:\n"
-                + "\n".join(f"  - {d}" for d in differences)
-                + "\nrestore the original program, or start fresh (`dstream run --fresh`, or "
-                "StreamingContext.getOrCreate(path, setup, fresh=True)), which moves the old "
-                "checkpoint aside"
-            )
+        # Start first: the saved signature was taken after start() settled default intervals.
         self._graph.start(metadata["zeroMs"])
+        self._check_signature(metadata)
         found = self._checkpoint.load_log()
         for time_ms in sorted(found.records):
             record = found.records[time_ms]
@@ -222,7 +219,8 @@ class BatchScheduler:
             positions = found.records[max(found.records)].get("positions", {})
             for source in self._graph.inputs:
                 source.restore_position(positions.get(source.name))
-        restored = self._restore_state(found.state_checkpoints())
+        restored = self._restore_state(found.state_checkpoints(), found.torn)
+        self._require_replayable(found, restored)
         for time_ms in found.pending:
             record = found.records[time_ms]
             info = BatchInfo(
@@ -237,7 +235,7 @@ class BatchScheduler:
         self.recovery = Recovery(found.pending, restored, found.torn, last + self._graph.batch_ms)
         log.warning(
             "recovered from %s: re-running %d uncommitted batches, state restored for %d streams, "
-            "%d torn log files skipped; resuming at %s",
+            "%d torn checkpoint files skipped; resuming at %s",
             self._checkpoint.path,
             len(found.pending),
             len(restored),
@@ -246,8 +244,28 @@ class BatchScheduler:
         )
         return self.recovery.resume_ms
 
-    def _restore_state(self, candidates: dict[str, list[tuple[int, str]]]) -> dict[str, int]:
-        """Load each stateful stream's newest readable checkpoint; a torn one falls back."""
+    def _check_signature(self, metadata: dict[str, Any]) -> None:
+        """CheckpointMismatchError naming every difference between the saved graph and this one."""
+        assert self._checkpoint is not None
+        differences = compare_signatures(metadata.get("graph", []), self._graph.signature())
+        if metadata.get("batchMs") != self._graph.batch_ms:
+            differences.insert(
+                0, f"batch interval was {metadata.get('batchMs')} ms, now {self._graph.batch_ms} ms"
+            )
+        if differences:
+            raise CheckpointMismatchError(
+                f"checkpoint {self._checkpoint.path} was written by a different streaming graph:\n"
+                + "\n".join(f"  - {d}" for d in differences)
+                + "\nrestore the original program, or start fresh (`dstream run --fresh`, or "
+                "StreamingContext.getOrCreate(path, setup, fresh=True)), which moves the old "
+                "checkpoint aside"
+            )
+
+    def _restore_state(
+        self, candidates: dict[str, list[tuple[int, str]]], torn: list[str]
+    ) -> dict[str, int]:
+        """Load each stateful stream's newest readable checkpoint; a torn one (added to `torn`)
+        falls back to the one before, whose later batches the log still holds."""
         restored: dict[str, int] = {}
         sc = self._ssc.sparkContext
         for index, checkpoints in candidates.items():
@@ -262,6 +280,7 @@ class BatchScheduler:
                         path,
                         str(error).splitlines()[0],
                     )
+                    torn.append(path)
                     continue
                 partitions = getattr(stream, "_partitions", None)
                 if partitions is not None and rdd.getNumPartitions() == partitions:
@@ -271,6 +290,30 @@ class BatchScheduler:
                 restored[index] = time_ms
                 break
         return restored
+
+    def _require_replayable(self, found: LogState, restored: dict[str, int]) -> None:
+        """Refuse to go on when exact recovery is impossible, rather than emit wrong results: a
+        batch record missing between others (its input is unknown), or a stateful stream with no
+        readable state checkpoint while the log no longer reaches back to the first batch."""
+        assert self._checkpoint is not None
+        batch = self._graph.batch_ms
+        times = sorted(found.records)
+        missing = [t for a, b in itertools.pairwise(times) for t in range(a + batch, b, batch)]
+        problems = [f"no readable batch record for {datetime_of(t)} ({t})" for t in missing]
+        log_reaches_start = not times or times[0] <= self._graph.zero_ms + batch
+        if not log_reaches_start:
+            problems += [
+                f"stream #{s._index} ({type(s).__name__}) has no readable state checkpoint and "
+                f"the batch log now starts at {datetime_of(times[0])}"
+                for s in self._graph.streams
+                if s._must_checkpoint and str(s._index) not in restored
+            ]
+        if problems:
+            raise CheckpointUnrecoverableError(
+                f"checkpoint {self._checkpoint.path} cannot be recovered exactly:\n"
+                + "\n".join(f"  - {p}" for p in problems)
+                + "\nstart fresh (`dstream run --fresh`) to move it aside and begin again"
+            )
 
     # -- planning -------------------------------------------------------------------------
 
@@ -371,6 +414,7 @@ class BatchScheduler:
     def _commit(self, info: BatchInfo) -> None:
         if self._checkpoint is None:
             return
+        fault_point("before-commit")
         started = time.perf_counter()
         self._checkpoint.write_commit(info.batch_time_ms, {"state": info.state_checkpoints})
         committing = time.perf_counter() - started
@@ -387,7 +431,9 @@ class BatchScheduler:
         oldest = self._graph.oldest_checkpoint_in_force()
         anchor = oldest if oldest is not None else time_ms
         keep_from = anchor - self._graph.max_remember_ms() - self._graph.batch_ms
-        self._checkpoint.prune(keep_from, self._graph.state_paths_in_force())
+        self._checkpoint.prune(
+            keep_from, self._graph.state_paths_in_force(), self._ssc.sparkContext.getCheckpointDir()
+        )
 
     def wait_for_batch(self, time_ms: int, timeout_s: float) -> BatchInfo:
         """Block until the batch at time_ms has completed (tests and the CLI use it)."""

@@ -7,6 +7,7 @@ guarantee only if they follow the same contract: write keyed by the batch time, 
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -45,9 +46,18 @@ def save_text_atomically(rdd: RDD, path: str) -> None:
     """rdd.saveAsTextFile into a hidden sibling, then rename over `path` (with `_SUCCESS`)."""
     final = _local(path)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_earlier_attempts(final)
     tmp = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}")
     rdd.saveAsTextFile(str(tmp))
     replace_directory(tmp, final)
+
+
+def remove_earlier_attempts(final: Path) -> None:
+    """Hidden leftovers of a driver that crashed while writing this same batch: a batch's
+    outputs are written one attempt at a time, so any such directory is dead."""
+    for prefix in (".tmp-", ".old-"):
+        for stale in final.parent.glob(f"{prefix}{glob.escape(final.name)}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def to_json_line(record: Any) -> str:

@@ -1,0 +1,40 @@
+"""The fault suite's user app: per-batch word counts, running totals and windowed counts.
+
+All three come out of one stream of (("kind", key), count) pairs so that a batch's output is one
+directory written by the files sink, and the test checks every kind from the same committed batch:
+- ("count", word): the batch's own word counts (summed over batches they equal the input's counts);
+- ("total", initial): a running total per initial letter, through updateStateByKey (kept small);
+- ("window", word): counts over the last `window` seconds, incrementally with an inverse function.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from dstream import StreamingContext
+from dstream.dstream import DStream
+
+
+def add_counts(new: list[int], total: int | None) -> int:
+    """updateStateByKey's update: the running total grows by the batch's counts."""
+    return (total or 0) + sum(new)
+
+
+def build(ssc: StreamingContext, lines: DStream, args: dict[str, Any]) -> DStream:
+    words = lines.flatMap(lambda line: ((word, 1) for word in line.split()))
+    counts = words.reduceByKey(operator.add).cache()  # shared by all three outputs
+    totals = counts.map(lambda kv: (kv[0][0], kv[1])).updateStateByKey(add_counts)
+    windowed = counts.reduceByKeyAndWindow(
+        operator.add,
+        operator.sub,
+        float(args["window"]),
+        None,
+        filterFunc=lambda kv: kv[1] > 0,
+    )
+    tagged = [
+        counts.map(lambda kv: (("count", kv[0]), kv[1])),
+        totals.map(lambda kv: (("total", kv[0]), kv[1])),
+        windowed.map(lambda kv: (("window", kv[0]), kv[1])),
+    ]
+    return ssc.union(*tagged)

@@ -1,0 +1,427 @@
+"""Helpers of the fault suite: real `dstream run` processes to kill, and the exact reference.
+
+A `Driver` is one `dstream run` in its own process group (the Python driver, its Spark JVM and
+the Python workers), so a test can SIGKILL all of it at once, like a lost pod, or only the Python
+process, and never leaves a JVM behind. The reference output is computed straight from
+`dstream.textgen`: with backpressure off, batch k of a rate source holds exactly the offsets that
+became available in ((k-1)B, kB], so every batch's expected word counts are known in advance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from dstream import textgen
+
+FAULT_DIR = Path(__file__).resolve().parent
+SPARK_TEST_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+}
+
+
+@dataclass
+class RateJob:
+    """A faultapp job on a rate source with backpressure off, written as a StreamingJob file."""
+
+    root: Path
+    batch_s: int = 2
+    rate: int = 100
+    partitions: int = 2
+    seed: int = 11
+    record_bytes: int = 60
+    window_s: int = 10  # 5 batches: the incremental (add entering, subtract leaving) path
+    checkpoint_interval_s: int = 4
+    parallelism: int = 1  # shuffle partitions: few tasks, as the suite shares 2 cores
+    extra_spec: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / "checkpoint"
+
+    @property
+    def out(self) -> Path:
+        return self.root / "out"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "job.yaml"
+
+    def write(self) -> Path:
+        spec: dict[str, Any] = {
+            "batchInterval": f"{self.batch_s}s",
+            "app": {"module": "faultapp:build", "args": {"window": self.window_s}},
+            "source": {
+                "type": "rate",
+                "rate": {
+                    "recordsPerSecond": self.rate,
+                    "partitions": self.partitions,
+                    "seed": self.seed,
+                    "recordBytes": self.record_bytes,
+                },
+            },
+            "sink": {"type": "files", "files": {"path": str(self.out)}},
+            "checkpoint": {
+                "path": str(self.checkpoint),
+                "interval": f"{self.checkpoint_interval_s}s",
+            },
+            "backpressure": {"enabled": False},
+            "sparkConf": {"spark.default.parallelism": str(self.parallelism)},
+            **self.extra_spec,
+        }
+        document = {
+            "apiVersion": "dstream.dev/v1alpha1",
+            "kind": "StreamingJob",
+            "metadata": {"name": "faultapp"},
+            "spec": spec,
+        }
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.manifest.write_text(yaml.safe_dump(document))
+        return self.manifest
+
+
+@dataclass
+class Line:
+    at: float  # time.monotonic() when the line was read
+    text: str
+
+
+class Driver:
+    """One `dstream run` process group; its output lines are kept with the time they arrived."""
+
+    def __init__(
+        self,
+        manifest: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+    ):
+        self.manifest = manifest
+        self.args = list(args)
+        self.env = env or {}
+        self.log = log
+        self.lines: list[Line] = []
+        self.started_at = 0.0
+        self._changed = threading.Condition()
+        self.process: subprocess.Popen[str] | None = None
+
+    def start(self) -> Driver:
+        conf = [
+            arg for key, value in SPARK_TEST_CONF.items() for arg in ("--conf", f"{key}={value}")
+        ]
+        command = [sys.executable, "-m", "dstream", "run", str(self.manifest), "--port", "0"]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(FAULT_DIR), os.environ.get("PYTHONPATH", "")]),
+            "PYSPARK_PYTHON": sys.executable,
+            "DSTREAM_SPARK_LOG_LEVEL": "ERROR",
+            **self.env,
+        }
+        self.started_at = time.monotonic()
+        self.process = subprocess.Popen(
+            command + conf + self.args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+        return self
+
+    def _read(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        sink = open(self.log, "a") if self.log else None  # noqa: SIM115 - closed below
+        try:
+            for text in self.process.stdout:
+                if sink:
+                    sink.write(text)
+                    sink.flush()
+                with self._changed:
+                    self.lines.append(Line(time.monotonic(), text.rstrip("\n")))
+                    self._changed.notify_all()
+        finally:
+            if sink:
+                sink.close()
+            with self._changed:
+                self._changed.notify_all()
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def wait_for_line(
+        self, predicate: Callable[[str], bool], timeout_s: float, after: int = 0
+    ) -> Line:
+        """The first line (from index `after`) that satisfies predicate; TimeoutError if none."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                for line in self.lines[after:]:
+                    if predicate(line.text):
+                        return line
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.alive():
+                    tail = "\n".join(line.text for line in self.lines[-30:])
+                    state = "timed out" if self.alive() else f"exited {self.process.returncode}"
+                    raise TimeoutError(f"no matching line ({state}); last output:\n{tail}")
+                self._changed.wait(min(remaining, 0.5))
+
+    def batch_lines(self) -> list[Line]:
+        return [line for line in self.lines if line.text.startswith("batch ")]
+
+    def kill(self, whole_group: bool = True) -> None:
+        """SIGKILL the process group (a lost pod), or only the Python driver (its JVM then exits
+        when its stdin closes); either way return once nothing of the group is left."""
+        if whole_group:
+            _killpg(self.pid, signal.SIGKILL)
+        elif self.alive():
+            os.kill(self.pid, signal.SIGKILL)
+        self.reap()
+
+    def terminate(self, timeout_s: float) -> int:
+        """SIGTERM (graceful stop) and wait for the exit code."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout_s)
+        self.reap()
+        return code
+
+    def reap(self, timeout_s: float = 30) -> None:
+        """Wait for the driver and every process of its group to be gone; SIGKILL stragglers."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout_s
+        while self.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        while _group_alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _killpg(self.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def wait(self, timeout_s: float) -> int:
+        assert self.process is not None
+        code = self.process.wait(timeout_s)
+        self.reap()
+        return code
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# -- the reference ---------------------------------------------------------------------------
+
+
+def available(job: RateJob, elapsed_ms: int) -> list[int]:
+    """Offsets per partition the rate source has made available `elapsed_ms` after zero time."""
+    total = job.rate * max(0, elapsed_ms) // 1000
+    base, extra = divmod(total, job.partitions)
+    return [base + (1 if p < extra else 0) for p in range(job.partitions)]
+
+
+def word_counts(job: RateJob, starts: list[int], ends: list[int]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for partition, (start, end) in enumerate(zip(starts, ends, strict=True)):
+        for line in textgen.lines(job.seed, job.record_bytes, partition, start, end):
+            counts.update(line.split())
+    return counts
+
+
+def expected_batch_counts(job: RateJob, batches: int) -> list[Counter[str]]:
+    """Word counts of batches 1..batches (index 0 is batch 1)."""
+    batch_ms = job.batch_s * 1000
+    return [
+        word_counts(job, available(job, (k - 1) * batch_ms), available(job, k * batch_ms))
+        for k in range(1, batches + 1)
+    ]
+
+
+@dataclass
+class BatchOutput:
+    counts: Counter[str]
+    totals: dict[str, int]
+    window: dict[str, int]
+
+
+def read_batch(directory: Path) -> BatchOutput:
+    """One batch directory of the files sink, split into the faultapp's three outputs."""
+    found: dict[str, dict[str, int]] = {"count": {}, "total": {}, "window": {}}
+    for part in sorted(directory.glob("part-*")):
+        for text in part.read_text().splitlines():
+            record = json.loads(text)
+            kind, key = record["key"]
+            assert key not in found[kind], f"{directory.name}: {kind} {key!r} twice"
+            found[kind][key] = record["value"]
+    return BatchOutput(Counter(found["count"]), found["total"], found["window"])
+
+
+def batch_dirs(out: Path) -> dict[int, Path]:
+    """Visible batch directories by batch time (ms)."""
+    return {
+        int(entry.name.removeprefix("batch-")): entry
+        for entry in out.iterdir()
+        if entry.name.startswith("batch-")
+    }
+
+
+def zero_ms(checkpoint: Path) -> int:
+    return json.loads((checkpoint / "metadata.json").read_text())["body"]["zeroMs"]
+
+
+@dataclass
+class Verdict:
+    batches: int
+    records: int
+    words: int
+    lost: int
+    duplicated: int
+    mismatched_batches: list[str]
+
+
+def verify(job: RateJob) -> Verdict:
+    """Compare every committed batch with the reference: the batch's counts, the running totals
+    and the window, then the union of all counts with the input's counts over [0, N)."""
+    zero, batch_ms = zero_ms(job.checkpoint), job.batch_s * 1000
+    found = batch_dirs(job.out)
+    indices = sorted((t - zero) // batch_ms for t in found)
+    assert indices == list(range(1, len(indices) + 1)), f"batches missing: {indices}"
+    expected = expected_batch_counts(job, len(indices))
+    mismatched: list[str] = []
+    union: Counter[str] = Counter()
+    totals: Counter[str] = Counter()
+    for k, counts in enumerate(expected, start=1):
+        output = read_batch(found[zero + k * batch_ms])
+        union.update(output.counts)
+        for word, n in counts.items():
+            totals[word[0]] += n
+        window: Counter[str] = sum(expected[max(0, k - job.window_s // job.batch_s) : k], Counter())
+        for name, got, want in (
+            ("counts", output.counts, counts),
+            ("totals", output.totals, dict(totals)),
+            ("window", output.window, dict(window)),
+        ):
+            if dict(got) != dict(want):
+                mismatched.append(f"batch {k} ({zero + k * batch_ms}) {name}")
+    end = available(job, len(indices) * batch_ms)
+    reference = word_counts(job, [0] * job.partitions, end)
+    lost = sum((reference - union).values())
+    duplicated = sum((union - reference).values())
+    return Verdict(len(indices), sum(end), sum(reference.values()), lost, duplicated, mismatched)
+
+
+class PartialOutputWatch:
+    """Polls the sink directory while the job runs: a visible batch directory must be whole."""
+
+    def __init__(self, out: Path, interval_s: float = 0.1):
+        self.out = out
+        self.interval_s = interval_s
+        self.partial: list[str] = []
+        self.polls = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> PartialOutputWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.polls += 1
+            for directory in _visible_dirs(self.out):
+                if not (directory / "_SUCCESS").exists() and directory.exists():
+                    self.partial.append(directory.name)
+
+
+def _visible_dirs(out: Path) -> Iterator[Path]:
+    if not out.exists():
+        return
+    for entry in out.iterdir():
+        if not entry.name.startswith((".", "_")):
+            yield entry
+
+
+# -- the same job in this process, on a manual clock ------------------------------------------
+
+
+class InProcessJob:
+    """The RateJob built by the engine's own `build_context` on the session SparkContext, driven
+    batch by batch on a ManualClock: a restart is a new StreamingContext on the same checkpoint,
+    which exercises recovery without the cost of a JVM per run."""
+
+    def __init__(self, sc: Any, job: RateJob):
+        import faultapp
+        from pyspark import cloudpickle
+
+        # The session's Python workers cannot import tests/fault: ship faultapp by value.
+        cloudpickle.register_pickle_by_value(faultapp)
+        self.sc = sc
+        self.job = job
+        self.job.write()
+        self.batch_ms = job.batch_s * 1000
+        self.now_ms = 0
+
+    def start(self) -> Any:
+        from dstream.clock import ManualClock
+        from dstream.job import build_context
+        from dstream.spec import load_job
+
+        ssc = build_context(load_job(self.job.manifest), self.sc)
+        ssc._clock = ManualClock(self.now_ms)
+        ssc.start()
+        return ssc
+
+    def run(self, ssc: Any, batches: int, timeout_s: float = 120) -> None:
+        """Advance the clock batch by batch, waiting for each batch to complete."""
+        for _ in range(batches):
+            self.now_ms += self.batch_ms
+            ssc._clock.advance(self.batch_ms)
+            ssc._scheduler.wait_for_batch(self.now_ms, timeout_s)
+
+    def plan_without_running(self, ssc: Any, batches: int) -> None:
+        """Advance the clock so batches are planned (logged) and stop before they commit."""
+        for _ in range(batches):
+            self.now_ms += self.batch_ms
+            ssc._clock.advance(self.batch_ms)
+        last_record = self.job.checkpoint / "log" / f"batch-{self.now_ms}.json"
+        wait_until(last_record.exists, 30)
+        ssc.stop(stopSparkContext=False)
+
+
+def wait_until(condition: Callable[[], Any], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.02)

@@ -1,0 +1,115 @@
+"""Torn files in a real checkpoint directory between two runs of the same job.
+
+The job runs in this process on a manual clock (a restart is a new StreamingContext on the same
+checkpoint), its files are damaged the way a crash or a bad disk would leave them, and the
+restarted job must skip what is torn, fall back to the previous good file, count it, and still
+produce exactly the reference output; or, when exact recovery is impossible, refuse clearly.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from dstream.checkpoint import CheckpointDir, CheckpointUnrecoverableError
+from harness import InProcessJob, RateJob, verify
+
+
+@pytest.fixture
+def job(sc, tmp_path) -> InProcessJob:
+    """1 s batches, a 5 s window (the incremental path), state checkpoints every 2 s; one input
+    partition keeps the task count low (the rate source's partitions are the kill test's job)."""
+    return InProcessJob(
+        sc, RateJob(tmp_path, batch_s=1, partitions=1, window_s=5, checkpoint_interval_s=2)
+    )
+
+
+def newest(log_dir: Path, kind: str) -> Path:
+    return max(log_dir.glob(f"{kind}-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+
+
+def assert_exact(job: InProcessJob) -> None:
+    verdict = verify(job.job)
+    assert not verdict.mismatched_batches, verdict.mismatched_batches
+    assert (verdict.lost, verdict.duplicated) == (0, 0)
+
+
+def test_torn_log_files_are_skipped_and_output_stays_exact(job):
+    ssc = job.start()
+    job.run(ssc, 3)
+    job.plan_without_running(ssc, 2)
+    log_dir = job.job.checkpoint / "log"
+    record, commit = newest(log_dir, "batch"), newest(log_dir, "commit")
+    record.write_bytes(record.read_bytes()[: record.stat().st_size // 2])  # truncated
+    damaged = bytearray(commit.read_bytes())
+    damaged[-20:-10] = b"0123456789"  # same length, checksum no longer matches
+    commit.write_bytes(bytes(damaged))
+    stale_temp = log_dir / f".{record.name}.tmp-4242"
+    stale_temp.write_bytes(b'{"sha256": "')  # a writer that died before its rename
+
+    ssc = job.start()
+    recovery = ssc._scheduler.recovery
+    assert {record.name, commit.name} <= set(recovery.torn_files)
+    assert not stale_temp.exists()
+    job.run(ssc, 2)
+    ssc.stop(stopSparkContext=False)
+    assert_exact(job)
+
+
+def corrupt_checkpoint(path: str, how: str) -> None:
+    """Damage a Spark reliable checkpoint directory: a truncated part, or a missing one."""
+    part = Path(path.removeprefix("file:")) / "part-00000"
+    if how == "truncate":
+        part.write_bytes(part.read_bytes()[: max(1, part.stat().st_size // 2)])
+    else:
+        part.unlink()
+        part.with_name(".part-00000.crc").unlink(missing_ok=True)
+
+
+def test_torn_state_checkpoints_fall_back_to_the_previous_ones(job):
+    ssc = job.start()
+    job.run(ssc, 6)  # state checkpoints at 2, 4 and 6 s; the newest two stay on disk
+    ssc.stop(stopSparkContext=False)
+    checkpoints = CheckpointDir(job.job.checkpoint).load_log().state_checkpoints()
+    assert len(checkpoints) == 2, checkpoints  # updateStateByKey and the incremental window
+    newest_paths = []
+    for (stream, kept), how in zip(
+        sorted(checkpoints.items()), ("truncate", "delete"), strict=True
+    ):
+        assert len(kept) >= 2, f"stream {stream} has no older checkpoint to fall back to: {kept}"
+        corrupt_checkpoint(kept[0][1], how)
+        newest_paths.append(kept[0][1])
+
+    ssc = job.start()
+    recovery = ssc._scheduler.recovery
+    assert set(newest_paths) <= set(recovery.torn_files)
+    assert recovery.restored_state == {s: kept[1][0] for s, kept in checkpoints.items()}
+    job.run(ssc, 2)
+    ssc.stop(stopSparkContext=False)
+    assert_exact(job)
+
+
+def test_a_missing_batch_record_in_the_middle_is_refused(job):
+    ssc = job.start()
+    job.run(ssc, 3)
+    ssc.stop(stopSparkContext=False)
+    middle = job.job.checkpoint / "log" / f"batch-{2 * job.batch_ms}.json"
+    middle.unlink()
+    with pytest.raises(
+        CheckpointUnrecoverableError, match=f"no readable batch record .*{2 * job.batch_ms}"
+    ):
+        job.start()
+
+
+def test_state_lost_after_the_log_was_pruned_is_refused(job):
+    ssc = job.start()
+    job.run(ssc, 3)
+    ssc.stop(stopSparkContext=False)
+    (job.job.checkpoint / "log" / f"batch-{job.batch_ms}.json").unlink()  # as pruning would
+    for _stream, kept in CheckpointDir(job.job.checkpoint).load_log().state_checkpoints().items():
+        for _time, path in kept:
+            corrupt_checkpoint(path, "delete")
+    with pytest.raises(CheckpointUnrecoverableError, match="has no readable state checkpoint"):
+        job.start()
+    assert os.path.exists(job.job.checkpoint / "metadata.json")
