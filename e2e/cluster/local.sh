@@ -70,6 +70,20 @@ on_error() {
   exit "${rc}"
 }
 
+# hold_lock FILE FD: takes an exclusive lock held until this script exits, so that two runs
+# (say, two test sessions) neither build into the same tree nor start the same cluster at once.
+# The processes the script starts must not inherit FD (see start_component).
+readonly LOCK_FDS=(8 9)
+readonly LOCK_TIMEOUT=3600
+hold_lock() {
+  local file="$1" fd="$2"
+  eval "exec ${fd}>\"\${file}\""
+  if ! flock -n "${fd}"; then
+    log "waiting (at most ${LOCK_TIMEOUT}s) for another run of this script holding ${file}"
+    flock -w "${LOCK_TIMEOUT}" "${fd}" || die "${file} still locked after ${LOCK_TIMEOUT}s"
+  fi
+}
+
 # ---------------------------------------------------------------------------------------------
 # Packages and source
 
@@ -178,31 +192,44 @@ all_binaries_built() {
   done
 }
 
-# Runs "$@" in the background, printing a line every 30 s while it runs; returns its exit code.
-run_with_heartbeat() {
-  local what="$1"
-  shift
-  local started=$SECONDS
-  "$@" &
-  local pid=$!
+# Runs make in the background and reports while it runs: each binary as it appears, and a
+# "still building" line every 30 s; returns make's exit code.
+run_make_with_progress() {
+  local out_dir="${SRC_DIR}/_output/local/go/bin" started=$SECONDS next_report=$((SECONDS + 30)) pid cmd
+  local -A reported=()
+  local stamp="${CACHE_DIR}/.build-started"
+  touch "${stamp}"
+  make_targets &
+  pid=$!
   while kill -0 "${pid}" 2>/dev/null; do
-    local i
-    for ((i = 0; i < 30; i++)); do
-      kill -0 "${pid}" 2>/dev/null || break
-      sleep 1
+    sleep 1
+    for cmd in "${COMMANDS[@]}"; do
+      if [[ -z "${reported[${cmd}]:-}" && "${out_dir}/${cmd}" -nt "${stamp}" ]]; then
+        reported[${cmd}]=1
+        log "built ${cmd} ($((SECONDS - started))s, ${#reported[@]}/${#COMMANDS[@]})"
+      fi
     done
-    if kill -0 "${pid}" 2>/dev/null; then
-      log "still building ${what} ($((SECONDS - started))s)"
+    if ((SECONDS >= next_report)); then
+      next_report=$((SECONDS + 30))
+      log "still building Kubernetes ${K8S_VERSION} ($((SECONDS - started))s, \
+${#reported[@]}/${#COMMANDS[@]} binaries; build.log: $(tail -n 1 "${CACHE_DIR}/build.log" | tr -s ' '))"
     fi
   done
   wait "${pid}"
 }
 
+# The tree's own build: runs the code generators (pkg/generated/openapi is not in the tarball),
+# then compiles; static binaries except kubelet and kubemark, which use cgo.
+# (A plain module-mode `go build -mod=vendor` fails on this tree with Go 1.19: "updates to go.mod
+# needed"; and it would still need make's openapi-gen and GOPATH layout.)
 make_targets() {
   local cmd targets=()
   for cmd in "${COMMANDS[@]}"; do targets+=("cmd/${cmd}"); done
-  (cd "${SRC_DIR}" && PATH="${GOROOT_119}/bin:${PATH}" make WHAT="${targets[*]}") \
-    >>"${CACHE_DIR}/build.log" 2>&1
+  (
+    cd "${SRC_DIR}"
+    env -u GOFLAGS -u GO111MODULE -u GOPATH -u GOROOT -u GOCACHE -u GOBIN \
+      PATH="${GOROOT_119}/bin:${PATH}" make WHAT="${targets[*]}"
+  ) >>"${CACHE_DIR}/build.log" 2>&1
 }
 
 build_binaries() {
@@ -212,13 +239,19 @@ build_binaries() {
   fi
   need_root
   mkdir -p "${CACHE_DIR}"
+  hold_lock "${CACHE_DIR}/.build.lock" "${LOCK_FDS[0]}"
+  if all_binaries_built; then
+    log "binaries were built by a concurrent run; cached in ${BIN_DIR}"
+    return
+  fi
   install_apt_packages
   fetch_kubernetes_source
   replace_vendored_reflect2
-  step "building ${COMMANDS[*]} (cold: ~5 min on 2 cores; log: ${CACHE_DIR}/build.log)"
+  step "building ${COMMANDS[*]} with make (cold: 6 min or more on 2 cores; log: \
+${CACHE_DIR}/build.log)"
   local started=$SECONDS
   : >"${CACHE_DIR}/build.log"
-  run_with_heartbeat "${COMMANDS[*]}" make_targets ||
+  run_make_with_progress ||
     die "build failed, last lines of ${CACHE_DIR}/build.log:
 $(tail -n 30 "${CACHE_DIR}/build.log")"
   step "copying binaries to ${BIN_DIR}"
@@ -320,8 +353,9 @@ start_component() {
   # setsid: own session, so a Ctrl-C or a dying caller does not take the cluster with it.
   # AWS_EC2_METADATA_DISABLED: the kubelet's in-tree ECR credential provider would otherwise probe
   # the EC2 metadata address (169.254.169.254) at start; nothing here may leave loopback.
+  # 8>&- 9>&-: the lock fds (LOCK_FDS) stay with this script, or the cluster would hold the locks.
   TMPDIR="${STATE_DIR}/tmp" AWS_EC2_METADATA_DISABLED=true \
-    setsid "${exe}" "$@" </dev/null >>"${STATE_DIR}/logs/${name}.log" 2>&1 &
+    setsid "${exe}" "$@" </dev/null >>"${STATE_DIR}/logs/${name}.log" 2>&1 8>&- 9>&- &
   echo "$! ${exe}" >"$(pid_file "${name}")"
 }
 
@@ -603,6 +637,9 @@ cmd_build() {
 }
 
 main() {
+  case "${1:-}" in
+  up | down) hold_lock "${STATE_DIR}.lock" "${LOCK_FDS[1]}" ;;
+  esac
   case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
