@@ -53,6 +53,7 @@ CURRENT_STEP="starting"
 log() { printf '[local.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() {
   log "FAILED during step: ${CURRENT_STEP}: $*"
+  stop_after_failed_up
   exit 1
 }
 
@@ -64,10 +65,18 @@ step() {
 on_error() {
   local rc=$?
   log "FAILED during step: ${CURRENT_STEP} (exit ${rc})"
-  if [[ -d "${STATE_DIR}/logs" ]]; then
-    log "component logs are in ${STATE_DIR}/logs"
-  fi
+  stop_after_failed_up
   exit "${rc}"
+}
+
+# A failed `up` stops whatever it had started, but keeps the state dir for its logs.
+UP_STARTED_COMPONENTS=false
+stop_after_failed_up() {
+  if [[ "${UP_STARTED_COMPONENTS}" == true ]]; then
+    UP_STARTED_COMPONENTS=false
+    stop_components
+    log "stopped the components; their logs are in ${STATE_DIR}/logs"
+  fi
 }
 
 # hold_lock FILE FD: takes an exclusive lock held until this script exits, so that two runs
@@ -553,6 +562,7 @@ cmd_up() {
   check_ports_free
   rm -rf "${STATE_DIR}"
   mkdir -p "${STATE_DIR}"/{pids,logs,tmp}
+  UP_STARTED_COMPONENTS=true
   generate_pki
   write_tokens_and_kubeconfigs
   start_etcd
@@ -562,6 +572,7 @@ cmd_up() {
   start_hollow_node
   wait_for "the default ServiceAccount (token controller)" kube-controller-manager \
     default_service_account_ready
+  UP_STARTED_COMPONENTS=false
   log "cluster up in $((SECONDS - started))s"
   print_ready
 }
@@ -591,11 +602,15 @@ stop_component() {
   rm -f "$(pid_file "${name}")"
 }
 
-cmd_down() {
+stop_components() {
   local i
   for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
     stop_component "${COMPONENTS[i]}"
   done
+}
+
+cmd_down() {
+  stop_components
   if [[ -d "${STATE_DIR}" ]]; then
     rm -rf "${STATE_DIR}"
     log "removed ${STATE_DIR}"
