@@ -187,6 +187,10 @@ replace_vendored_reflect2() {
   local debian_copy=/usr/share/gocode/src/github.com/modern-go/reflect2
   [[ -f "${debian_copy}/go_above_118.go" ]] ||
     die "${debian_copy} is not reflect2 >= 1.0.2 (golang-github-modern-go-reflect2-dev)"
+  if diff -rq "${debian_copy}" "${SRC_DIR}/vendor/github.com/modern-go/reflect2" >/dev/null 2>&1; then
+    log "already replaced"
+    return
+  fi
   rm -rf "${SRC_DIR}/vendor/github.com/modern-go/reflect2"
   cp -r "${debian_copy}" "${SRC_DIR}/vendor/github.com/modern-go/reflect2"
 }
@@ -580,7 +584,7 @@ cmd_up() {
     cmd_down
   fi
   build_binaries
-  command -v etcd >/dev/null || install_apt_packages
+  install_apt_packages
   step "checking that the ports are free"
   check_ports_free
   rm -rf "${STATE_DIR}"
