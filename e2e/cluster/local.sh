@@ -634,6 +634,21 @@ stop_components() {
   for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
     stop_component "${COMPONENTS[i]}"
   done
+  remove_hollow_kubelet_root
+}
+
+# kubemark makes its kubelet root dir under a hard-coded /tmp (not $TMPDIR) and logs its name.
+remove_hollow_kubelet_root() {
+  local log_file="${STATE_DIR}/logs/hollow-node.log" dir
+  [[ -f "${log_file}" ]] || return 0
+  { grep -o 'Using /tmp/hollow-kubelet\.[0-9]* as root dir' "${log_file}" || true; } |
+    awk '{print $2}' |
+    while read -r dir; do
+      if [[ -d "${dir}" ]]; then
+        rm -rf --one-file-system "${dir}"
+        log "removed ${dir}"
+      fi
+    done
 }
 
 cmd_down() {
