@@ -25,6 +25,7 @@ OFFERED_WITH_BACKPRESSURE = 500_000
 OVERLOAD_FACTOR = 3
 MAX_BATCHES = 30
 TAIL = 10  # the batches that define the converged rate
+STEADY = 0.8  # the share of batches after convergence that must stay in the band
 OVERHEAD_MARGIN = 3
 MAX_BATCH_S = 4
 WARM_UP_JOBS = 3  # the first jobs of a fresh JVM and Python workers are slow
@@ -77,18 +78,26 @@ def run_overload(
 
 @dataclass
 class Convergence:
-    index: int  # first batch from which the rate limit stays in the band
-    rate: float  # median rate limit of the tail
+    index: int  # the first batch from which the rate limit stays (mostly) in the band
+    rate: float  # median rate limit of the last TAIL batches
     seconds: float  # from the first batch to convergence
 
 
 def convergence(batches: list[BatchInfo], source: str = "rate") -> Convergence | None:
-    """The first batch after which every rate limit stays within a factor 2 of the tail's median
-    (the estimate tracks measured processing rates, which are noisy on a shared machine)."""
+    """The first batch inside a factor-2 band around the tail's median rate limit from which at
+    least STEADY of the limits stay inside: the estimate follows measured processing rates, and
+    on a shared machine a single batch can be measured far off without the loop diverging."""
     limits = [b.rate_limits[source] for b in batches]
     rate = statistics.median(limits[-TAIL:])
     inside = [rate / 2 <= limit <= rate * 2 for limit in limits]
-    index = next((i for i in range(len(inside)) if all(inside[i:])), None)
+    index = next(
+        (
+            i
+            for i in range(len(inside))
+            if inside[i] and sum(inside[i:]) >= STEADY * (len(inside) - i)
+        ),
+        None,
+    )
     if index is None:
         return None
     seconds = (batches[index].batch_time_ms - batches[0].batch_time_ms) / 1000
@@ -99,6 +108,15 @@ def delays_s(batches: list[BatchInfo]) -> list[float]:
     return [b.schedulingDelay() / 1000 for b in batches]
 
 
+def timeline(batches: list[BatchInfo]) -> str:
+    """Per batch: rate limit, records, processing and scheduling delay (for failure messages)."""
+    return "\n".join(
+        f"  limit {b.rate_limits.get('rate') or 0:>9,.0f}/s  records {b.numRecords():>9,}  "
+        f"processing {b.processingDelay() / 1000:6.2f} s  delay {b.schedulingDelay() / 1000:6.2f} s"
+        for b in batches
+    )
+
+
 def test_backpressure_converges_and_without_it_delay_grows(sc, monkeypatch):
     batch_s = batch_interval_for_this_machine(sc)
     limited = run_overload(
@@ -106,9 +124,9 @@ def test_backpressure_converges_and_without_it_delay_grows(sc, monkeypatch):
     )
     assert len(limited) >= 2 * TAIL, f"only {len(limited)} batches completed"
     converged = convergence(limited)
-    assert converged is not None, [b.rate_limits for b in limited]
+    assert converged is not None, "the rate limit never settled:\n" + timeline(limited)
     after = limited[converged.index :]
-    assert len(after) >= TAIL, f"converged only at batch {converged.index} of {len(limited)}"
+    assert len(after) >= TAIL, f"converged only at batch {converged.index}:\n" + timeline(limited)
     settled = delays_s(after)
     admitted = statistics.median(b.numRecords() for b in after) / batch_s
 
@@ -130,11 +148,10 @@ def test_backpressure_converges_and_without_it_delay_grows(sc, monkeypatch):
     )
     # With backpressure: it limits (far below the offer), and batches do not queue up.
     assert converged.rate < OFFERED_WITH_BACKPRESSURE / 10
-    assert statistics.median(settled) <= 2 * batch_s
-    assert sum(d <= 2 * batch_s for d in settled) >= 0.8 * len(settled), settled
-    assert settled[-1] <= 2 * batch_s, settled
+    assert statistics.median(settled) <= 2 * batch_s, timeline(limited)
+    assert sum(d <= 2 * batch_s for d in settled) >= STEADY * len(settled), timeline(limited)
     # Without: each batch waits longer than the one before.
     assert len(unlimited) >= 4, f"only {len(unlimited)} batches completed without backpressure"
-    assert slope >= 0.5 * batch_s, growing
-    assert growing[-1] > growing[0] + 2 * batch_s, growing
-    assert growing[-1] > 2 * max(settled[-1], batch_s)
+    assert slope >= 0.5 * batch_s, timeline(unlimited)
+    assert growing[-1] > growing[0] + 2 * batch_s, timeline(unlimited)
+    assert growing[-1] > 2 * max(statistics.median(settled), batch_s)
