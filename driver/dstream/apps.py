@@ -7,9 +7,11 @@ the sink writes. Built-ins register their main stream for interactive queries by
 from __future__ import annotations
 
 import importlib
+import itertools
 import operator
 import re
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from dstream.context import StreamingContext
@@ -22,7 +24,13 @@ def _seconds(duration: str) -> float:
 
 
 def _words(lines: DStream) -> DStream:
-    return lines.flatMap(lambda line: ((word, 1) for word in line.split()))
+    """(word, count) pairs, each word once per partition: counting in Counter's C loop before
+    the shuffle is several times cheaper than a (word, 1) pair per word through reduceByKey."""
+    return lines.mapPartitions(_count_words)
+
+
+def _count_words(lines: Iterable[str]) -> Iterable[tuple[str, int]]:
+    return Counter(itertools.chain.from_iterable(map(str.split, lines))).items()
 
 
 def wordcount(ssc: StreamingContext, lines: DStream, args: WordcountArgs) -> DStream:
@@ -45,8 +53,8 @@ def wordcount(ssc: StreamingContext, lines: DStream, args: WordcountArgs) -> DSt
 
 def grep(ssc: StreamingContext, lines: DStream, args: GrepArgs) -> DStream:
     """How many lines of each batch match the regular expression `pattern`."""
-    pattern = args.pattern
-    matching = lines.filter(lambda line: re.search(pattern, line) is not None)
+    search = re.compile(args.pattern).search
+    matching = lines.filter(lambda line: search(line) is not None)
     ssc.registerQueryStream("matches", matching)
     return matching.count()
 

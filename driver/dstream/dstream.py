@@ -13,6 +13,7 @@ import operator
 import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, StorageLevel
@@ -184,7 +185,7 @@ class DStream:
     def flatMap(
         self, f: Callable[[Any], Iterable[Any]], preservesPartitioning: bool = False
     ) -> DStream:
-        return self.mapPartitions(lambda it: (y for x in it for y in f(x)), preservesPartitioning)
+        return self.mapPartitions(lambda it: chain.from_iterable(map(f, it)), preservesPartitioning)
 
     def filter(self, f: Callable[[Any], bool]) -> DStream:
         return self.mapPartitions(lambda it: filter(f, it), True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Iterator
 from functools import lru_cache
 
 VOCABULARY_SIZE = 10_000
@@ -37,16 +38,25 @@ def line_pool(seed: int, record_bytes: int) -> tuple[str, ...]:
     weights = list(
         itertools.accumulate(1 / (rank**ZIPF_EXPONENT) for rank in range(1, len(words) + 1))
     )
+    draws = _word_draws(rng, words, weights)
     pool = []
     for _ in range(POOL_SIZE):
-        line = ""
-        while True:
-            word = rng.choices(words, cum_weights=weights)[0]
-            if len(line) + len(word) + 1 > record_bytes:
-                break
-            line = f"{line} {word}" if line else word
-        pool.append(line.ljust(record_bytes))
+        line: list[str] = []
+        length = 0  # of " ".join(line)
+        for word in draws:
+            if length + len(word) + 1 > record_bytes:
+                break  # this draw is used up, as a fresh draw would have been
+            length += len(word) + 1 if line else len(word)
+            line.append(word)
+        pool.append(" ".join(line).ljust(record_bytes))
     return tuple(pool)
+
+
+def _word_draws(rng: random.Random, words: list[str], weights: list[float]) -> Iterator[str]:
+    """Endless Zipf draws, fetched in chunks: choices(k=n) consumes one random() per word just
+    as n calls with k=1 do, so the sequence is the same, without a call per word."""
+    while True:
+        yield from rng.choices(words, cum_weights=weights, k=4096)
 
 
 def line_index(seed: int, partition: int, offset: int) -> int:
@@ -58,6 +68,15 @@ def line_index(seed: int, partition: int, offset: int) -> int:
 
 
 def lines(seed: int, record_bytes: int, partition: int, start: int, end: int) -> list[str]:
-    """The records at offsets [start, end) of one partition."""
+    """The records at offsets [start, end) of one partition: line_index inlined, as this loop
+    is most of what a rate source's task does."""
     pool = line_pool(seed, record_bytes)
-    return [pool[line_index(seed, partition, offset)] for offset in range(start, end)]
+    mask, size = 0xFFFFFFFFFFFFFFFF, POOL_SIZE
+    base = partition * 0xBF58476D1CE4E5B9 + seed
+    records = []
+    for offset in range(start, end):
+        z = (offset * 0x9E3779B97F4A7C15 + base) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        records.append(pool[(z ^ (z >> 31)) % size])
+    return records
