@@ -3,6 +3,7 @@
 dstream-operator --namespace jobs [--namespace more] | --all-namespaces
                  [--liveness http://0.0.0.0:8081/healthz] [--metrics-port 8080]
                  [--peering dstream | --standalone] [--driver-host service|pod-ip]
+                 [--api-server URL]
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import prometheus_client
 
 from dstream_operator import handlers  # noqa: F401  (importing registers the kopf handlers)
 from dstream_operator.kube import Kube
+from dstream_operator.resources import DEFAULT_API_SERVER
 from dstream_operator.supervisor import SupervisorSettings
 
 
@@ -60,6 +62,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="how executors reach a driver: the Service's DNS name or the pod IP",
     )
     parser.add_argument(
+        "--api-server",
+        metavar="URL",
+        default=DEFAULT_API_SERVER,
+        help="the Kubernetes API as drivers reach it (their Spark master is k8s://URL); "
+        "$(KUBERNETES_SERVICE_HOST)-style references are expanded in the driver pod",
+    )
+    parser.add_argument(
         "--poll-seconds", type=float, default=5.0, help="how often drivers are polled for status"
     )
     parser.add_argument("--verbose", "-v", action="store_true")
@@ -74,7 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     memo = kopf.Memo(
         kube=Kube.from_environment(),
         supervision=SupervisorSettings(
-            interval_seconds=args.poll_seconds, driver_host=args.driver_host
+            interval_seconds=args.poll_seconds,
+            driver_host=args.driver_host,
+            api_server=args.api_server,
         ),
     )
     kopf.run(

@@ -26,7 +26,8 @@ ROLE_LABEL = "dstream.dev/role"
 API_PORT = 8000
 DRIVER_PORT = 7078
 BLOCK_MANAGER_PORT = 7079
-MASTER = "k8s://https://kubernetes.default.svc"
+# The API server as seen from a driver pod; clusters without DNS (or kube-proxy) pass another.
+DEFAULT_API_SERVER = "https://kubernetes.default.svc"
 JOB_DIR = "/etc/dstream"
 JOB_FILE = f"{JOB_DIR}/job.yaml"
 IMAGE_GID = 185  # the image's user and group (Spark's convention)
@@ -379,15 +380,19 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def driver_args(job: StreamingJob, owner: Owner, driver_host: DriverHost) -> list[str]:
+def driver_args(
+    job: StreamingJob, owner: Owner, driver_host: DriverHost, api_server: str = DEFAULT_API_SERVER
+) -> list[str]:
     """The fixed driver CLI contract: job file, API port, master, then `--conf key=value`s."""
-    args = [JOB_FILE, "--port", str(API_PORT), "--master", MASTER]
+    args = [JOB_FILE, "--port", str(API_PORT), "--master", f"k8s://{api_server}"]
     for key, value in spark_conf(job, owner, driver_host).items():
         args += ["--conf", f"{key}={value}"]
     return args
 
 
-def driver_pod(job: StreamingJob, owner: Owner, driver_host: DriverHost) -> dict[str, Any]:
+def driver_pod(
+    job: StreamingJob, owner: Owner, driver_host: DriverHost, api_server: str = DEFAULT_API_SERVER
+) -> dict[str, Any]:
     """The driver pod. Its restartPolicy is Never: the operator, not the kubelet, applies the
     job's restartPolicy, so restarts are counted and backed off. A startup probe gives a
     recovering driver time to replay its checkpoint before liveness checks begin."""
@@ -402,7 +407,7 @@ def driver_pod(job: StreamingJob, owner: Owner, driver_host: DriverHost) -> dict
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["python", "-m", "dstream.driver"],
-        "args": driver_args(job, owner, driver_host),
+        "args": driver_args(job, owner, driver_host, api_server),
         "env": [
             _field_env("POD_IP", "status.podIP"),
             _field_env("POD_NAME", "metadata.name"),

@@ -135,6 +135,7 @@ class SupervisorSettings:
     interval_seconds: float = 5.0  # status refresh and driver API poll period
     poll_timeout_seconds: float = 2.0
     driver_host: resources.DriverHost = "service"
+    api_server: str = resources.DEFAULT_API_SERVER  # the drivers' Spark master
 
 
 def owner_of(body: dict[str, Any]) -> resources.Owner:
@@ -260,7 +261,9 @@ class Supervisor:
             )
         if step.create_driver and job is not None:
             await self.kube.apply(resources.config_map(job, owner))
-            pod = resources.driver_pod(job, owner, self.settings.driver_host)
+            pod = resources.driver_pod(
+                job, owner, self.settings.driver_host, self.settings.api_server
+            )
             created = await self.kube.create(pod)
             memory.driver = pod_facts(created or pod)
         if step.restarted:

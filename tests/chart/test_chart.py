@@ -160,6 +160,7 @@ GOOD_VALUES = [
     EVERYTHING_ON,
     {"image": {"repository": "registry.local/dstream", "tag": "1.2.3", "pullPolicy": "Always"}},
     {"operator": {"driverHost": "pod-ip", "pollSeconds": 2.5}},
+    {"operator": {"apiServer": "https://$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)"}},
     {"resources": {"requests": {"cpu": "100m", "memory": "200Mi"}, "limits": {"memory": "1Gi"}}},
 ]
 BAD_VALUES = [
@@ -169,6 +170,7 @@ BAD_VALUES = [
     ({"replicas": 2}, "replicas"),
     ({"metrics": {"port": 0}}, "port"),
     ({"operator": {"driverHost": "ip"}}, "driverHost"),
+    ({"operator": {"apiServer": "kubernetes.default.svc"}}, "apiServer"),
     ({"metrics": {"port": 8080, "serviceMonitor": {"interval": "often"}}}, "interval"),
     ({"resources": {"limits": {"memory": "lots"}}}, "memory"),
 ]

@@ -101,6 +101,12 @@ def test_driver_pod_runs_the_driver_cli_contract():
     assert pod["spec"]["terminationGracePeriodSeconds"] == 30
 
 
+def test_the_drivers_api_server_is_configurable():
+    pod = resources.driver_pod(job(), OWNER, "pod-ip", "https://10.244.0.1:6443")
+    args = pod["spec"]["containers"][0]["args"]
+    assert args[args.index("--master") + 1] == "k8s://https://10.244.0.1:6443"
+
+
 def test_spark_is_configured_for_kubernetes_client_mode():
     conf = conf_of(resources.driver_pod(job(executor={"instances": 3}), OWNER, "service"))
     assert conf["spark.submit.deployMode"] == "client"
