@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pyspark import RDD
+from pyspark import RDD, Accumulator
 
 from dstream import textgen
 from dstream.checkpoint import write_atomically
@@ -199,8 +199,11 @@ class FileInputDStream(InputDStream):
     """New files in a directory, in name order (names starting with '.' or '_' are ignored).
 
     The source remembers every file it handed out (in the batch log), so a restart neither
-    re-reads nor skips a file. With format 'json', each line must be a JSON document; a malformed
-    line is written with its file and line number to the dead-letter directory and skipped.
+    re-reads nor skips a file; files that left the directory are forgotten, which bounds that
+    memory. Writers should write under a hidden name and rename into place: a file is read as it
+    is when its batch runs. With format 'json', each line must be a JSON document; a malformed
+    line is counted (`malformed_records`), written with its file and line number to the
+    dead-letter directory, and skipped.
     """
 
     def __init__(
@@ -217,8 +220,14 @@ class FileInputDStream(InputDStream):
         self.format = format
         self._seen: set[str] = set()
         self._bytes_per_record = bytes_per_record
+        self._malformed = ssc.sparkContext.accumulator(0)
         if new_files_only:
             self._seen.update(self._listing())
+
+    @property
+    def malformed_records(self) -> int:
+        """Malformed JSON lines met by this driver's batches (a re-run batch counts again)."""
+        return self._malformed.value
 
     def signature(self) -> dict[str, Any]:
         return {**super().signature(), "format": self.format}
@@ -245,7 +254,9 @@ class FileInputDStream(InputDStream):
     def _next_range(self, time_ms: int, max_records: int | None) -> Any:
         chosen: list[str] = []
         admitted = 0
-        for name in self._listing():
+        listing = self._listing()
+        self._seen.intersection_update(listing)
+        for name in listing:
             if name in self._seen:
                 continue
             estimate = self._estimate(name)
@@ -263,8 +274,10 @@ class FileInputDStream(InputDStream):
         return {"seen": sorted(self._seen)}
 
     def restore_position(self, position: Any) -> None:
+        """The recorded set replaces the listing taken at construction (textFileStream's files
+        present at start): files that arrived while the driver was down are new, not old."""
         if position:
-            self._seen.update(position["seen"])
+            self._seen = set(position["seen"])
 
     def records_in(self, planned: Any) -> int:
         return int(planned.get("records", 0))
@@ -276,8 +289,9 @@ class FileInputDStream(InputDStream):
         if self.format == "text":
             return self._sc.parallelize(files, len(files)).flatMap(_read_text_lines)
         deadletter = self._ssc._graph.deadletter_dir(time_ms)
+        malformed = self._malformed
         return self._sc.parallelize(files, len(files)).flatMap(
-            lambda path: _read_json_lines(path, deadletter)
+            lambda path: _read_json_lines(path, deadletter, malformed)
         )
 
 
@@ -287,8 +301,9 @@ def _read_text_lines(path: str) -> Iterator[str]:
             yield line.rstrip("\n")
 
 
-def _read_json_lines(path: str, deadletter: str | None) -> Iterator[Any]:
-    """Parsed JSON lines; malformed ones go to `<deadletter>/<file>.jsonl` (idempotent per batch)."""
+def _read_json_lines(path: str, deadletter: str | None, counter: Accumulator[int]) -> Iterator[Any]:
+    """Parsed JSON lines; malformed ones are counted and go to `<deadletter>/<file>.jsonl`
+    (idempotent per batch)."""
     malformed = []
     with open(path, encoding="utf-8", errors="replace") as lines:
         for number, line in enumerate(lines, start=1):
@@ -300,6 +315,8 @@ def _read_json_lines(path: str, deadletter: str | None) -> Iterator[Any]:
                 malformed.append(
                     {"file": path, "line": number, "error": str(error), "record": line.rstrip("\n")}
                 )
+    if malformed:
+        counter.add(len(malformed))
     if malformed and deadletter is not None:
         body = "".join(json.dumps(m) + "\n" for m in malformed).encode()
         write_atomically(Path(deadletter) / f"{Path(path).name}.jsonl", body)
