@@ -2,6 +2,7 @@
 # A real Kubernetes v1.20.2 control plane on loopback, built offline from Debian's source package.
 #
 #   bash e2e/cluster/local.sh up       install, build once (cached), start, wait until ready
+#   bash e2e/cluster/local.sh up --real-node   the same with a real kubelet node (see below)
 #   bash e2e/cluster/local.sh env      print the exports that point kubectl/clients at it
 #   bash e2e/cluster/local.sh status   say what runs
 #   bash e2e/cluster/local.sh down     stop every process `up` started, remove the state dir
@@ -10,6 +11,9 @@
 # What runs: etcd, kube-apiserver (https://127.0.0.1:6443, static-token auth, Node+RBAC),
 # kube-controller-manager, kube-scheduler and one kubemark hollow node (`kubemark --morph=kubelet`)
 # on which scheduled pods report Running without executing anything.
+# With --real-node (or DSTREAM_K8S_NODE=real) a real node runs pods instead of the hollow one:
+# containerd, a CNI bridge on 10.244.0.0/24, kubelet and kube-proxy (real-node.sh); the API server
+# then listens on the bridge address https://10.244.0.1:6443, where pods reach it too.
 # See shared/notes/offline-kubernetes.md for why each piece is the way it is.
 #
 # Environment:
@@ -17,6 +21,7 @@
 #   DSTREAM_K8S_STATE  pki, kubeconfigs, etcd data, logs and pids of a running cluster
 #                      (default /tmp/dstream-k8s-state)
 #   DSTREAM_K8S_READY_TIMEOUT  seconds to wait for each component (default 120)
+#   DSTREAM_K8S_NODE   hollow (default) or real: the node `up` starts
 set -Eeuo pipefail
 
 readonly K8S_VERSION=v1.20.2
@@ -28,7 +33,7 @@ readonly STATE_DIR="${DSTREAM_K8S_STATE:-/tmp/dstream-k8s-state}"
 readonly READY_TIMEOUT="${DSTREAM_K8S_READY_TIMEOUT:-120}"
 readonly GOROOT_119=/usr/lib/go-1.19
 
-readonly APISERVER_URL=https://127.0.0.1:6443
+readonly APISERVER_PORT=6443
 readonly ETCD_CLIENT_PORT=2379
 readonly ETCD_PEER_PORT=2380
 readonly CONTROLLER_MANAGER_PORT=10257
@@ -37,18 +42,54 @@ readonly HOLLOW_KUBELET_PORT=11250
 # The hollow kubelet takes an IP-shaped --name as its InternalIP. Any other name makes it look the
 # name up in DNS and fall back to the host's default-route address, which the API server would then
 # dial for logs/exec; this keeps every connection on loopback.
-readonly NODE_NAME=127.0.0.1
+readonly HOLLOW_NODE_NAME=127.0.0.1
 
 # Server binaries built from the tree; kubelet and kube-proxy are for a real node (later work).
 readonly COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubemark kubelet kube-proxy kubectl)
-# Start order; `down` stops in reverse.
-readonly COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler hollow-node)
+readonly CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+
+# The node kind (hollow or real) decides the components, the node's name and where the API server
+# listens; set_node_kind sets these.
+NODE_KIND=""
+COMPONENTS=() # start order; `down` stops in reverse
+NODE_NAME=""
+APISERVER_HOST=""
+APISERVER_URL=""
 
 # gcc and libc6-dev: kubelet and kubemark are built with cgo.
 readonly APT_PACKAGES=(etcd-server golang-1.19-go rsync make gcc libc6-dev
   golang-github-modern-go-reflect2-dev dpkg-dev openssl curl ca-certificates)
 
 CURRENT_STEP="starting"
+
+# shellcheck source=e2e/cluster/real-node.sh
+source "$(dirname "${BASH_SOURCE[0]}")/real-node.sh"
+
+set_node_kind() {
+  NODE_KIND="$1"
+  case "${NODE_KIND}" in
+  hollow)
+    COMPONENTS=("${CONTROL_PLANE[@]}" hollow-node)
+    NODE_NAME="${HOLLOW_NODE_NAME}"
+    APISERVER_HOST=127.0.0.1
+    ;;
+  real)
+    COMPONENTS=("${CONTROL_PLANE[@]}" containerd kubelet kube-proxy)
+    NODE_NAME="${REAL_NODE_NAME}"
+    APISERVER_HOST="${REAL_NODE_IP}"
+    ;;
+  *)
+    echo "unknown node kind '${NODE_KIND}' (DSTREAM_K8S_NODE: hollow or real)" >&2
+    exit 2
+    ;;
+  esac
+  APISERVER_URL="https://${APISERVER_HOST}:${APISERVER_PORT}"
+}
+
+# The node kind of the cluster in the state dir, if any.
+recorded_node_kind() {
+  cat "${STATE_DIR}/node-kind" 2>/dev/null || echo hollow
+}
 
 log() { printf '[local.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -290,7 +331,7 @@ generate_pki() {
 basicConstraints=CA:FALSE
 keyUsage=digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+subjectAltName=IP:127.0.0.1,IP:10.96.0.1,IP:10.244.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
 EOF
   openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" \
     -keyout "${pki}/apiserver.key" -out "${pki}/apiserver.csr" 2>/dev/null
@@ -304,6 +345,13 @@ EOF
   openssl x509 -req -in "${pki}/front-proxy-client.csr" -CA "${pki}/ca.crt" -CAkey "${pki}/ca.key" \
     -CAcreateserial -days 30 -extfile "${pki}/front-proxy-client.ext" \
     -out "${pki}/front-proxy-client.crt" 2>/dev/null
+  # The API server's identity towards the real node's kubelet (logs, exec, port-forward).
+  printf 'extendedKeyUsage=clientAuth\n' >"${pki}/kubelet-client.ext"
+  openssl req -newkey rsa:2048 -nodes -subj "/O=system:masters/CN=kube-apiserver-kubelet-client" \
+    -keyout "${pki}/kubelet-client.key" -out "${pki}/kubelet-client.csr" 2>/dev/null
+  openssl x509 -req -in "${pki}/kubelet-client.csr" -CA "${pki}/ca.crt" -CAkey "${pki}/ca.key" \
+    -CAcreateserial -days 30 -extfile "${pki}/kubelet-client.ext" \
+    -out "${pki}/kubelet-client.crt" 2>/dev/null
   openssl genrsa -out "${pki}/sa.key" 2048 2>/dev/null
   openssl rsa -in "${pki}/sa.key" -pubout -out "${pki}/sa.pub" 2>/dev/null
   chmod 600 "${pki}"/*.key
@@ -318,7 +366,12 @@ write_tokens_and_kubeconfigs() {
   write_identity admin admin '"system:masters"'
   write_identity kube-controller-manager system:kube-controller-manager ''
   write_identity kube-scheduler system:kube-scheduler ''
-  write_identity hollow-node "system:node:${NODE_NAME}" '"system:nodes"'
+  if [[ "${NODE_KIND}" == real ]]; then
+    write_identity real-node "system:node:${NODE_NAME}" '"system:nodes"'
+    write_identity kube-proxy system:kube-proxy ''
+  else
+    write_identity hollow-node "system:node:${NODE_NAME}" '"system:nodes"'
+  fi
 }
 
 write_identity() {
@@ -413,9 +466,11 @@ port_is_free() {
 }
 
 check_ports_free() {
-  local port
-  for port in "${ETCD_CLIENT_PORT}" "${ETCD_PEER_PORT}" 6443 "${CONTROLLER_MANAGER_PORT}" \
-    "${SCHEDULER_PORT}" "${HOLLOW_KUBELET_PORT}"; do
+  local port node_ports=("${HOLLOW_KUBELET_PORT}")
+  [[ "${NODE_KIND}" == real ]] &&
+    node_ports=("${KUBELET_HEALTHZ_PORT}" "${KUBE_PROXY_METRICS_PORT}" "${KUBE_PROXY_HEALTHZ_PORT}")
+  for port in "${ETCD_CLIENT_PORT}" "${ETCD_PEER_PORT}" "${APISERVER_PORT}" \
+    "${CONTROLLER_MANAGER_PORT}" "${SCHEDULER_PORT}" "${node_ports[@]}"; do
     port_is_free "${port}" || die "port 127.0.0.1:${port} is in use by a process this script did \
 not start (another etcd or Kubernetes?); stop it first"
   done
@@ -477,13 +532,28 @@ start_etcd() {
   wait_for "etcd on 127.0.0.1:${ETCD_CLIENT_PORT}" etcd etcd_healthy
 }
 
+# With the hollow node nothing but loopback clients exist, and the `kubernetes` Service keeps no
+# endpoints. With the real node the API server listens on the pod bridge and the `kubernetes`
+# Service points there (kube-proxy routes its ClusterIP for pods); it reaches the kubelet with a
+# client certificate.
+apiserver_node_flags() {
+  if [[ "${NODE_KIND}" == real ]]; then
+    echo --endpoint-reconciler-type lease \
+      --kubelet-client-certificate "${STATE_DIR}/pki/kubelet-client.crt" \
+      --kubelet-client-key "${STATE_DIR}/pki/kubelet-client.key"
+  else
+    echo --endpoint-reconciler-type none
+  fi
+}
+
 start_apiserver() {
-  local pki="${STATE_DIR}/pki"
+  local pki="${STATE_DIR}/pki" node_flags
+  read -r -a node_flags <<<"$(apiserver_node_flags)"
   start_component kube-apiserver "${BIN_DIR}/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:${ETCD_CLIENT_PORT}" \
-    --bind-address 127.0.0.1 \
-    --advertise-address 127.0.0.1 \
-    --secure-port 6443 \
+    --bind-address "${APISERVER_HOST}" \
+    --advertise-address "${APISERVER_HOST}" \
+    --secure-port "${APISERVER_PORT}" \
     --insecure-port 0 \
     --cert-dir "${pki}" \
     --tls-cert-file "${pki}/apiserver.crt" \
@@ -502,7 +572,7 @@ start_apiserver() {
     --service-account-signing-key-file "${pki}/sa.key" \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-cluster-ip-range 10.96.0.0/24 \
-    --endpoint-reconciler-type none \
+    "${node_flags[@]}" \
     --kubelet-preferred-address-types InternalIP \
     --allow-privileged=true \
     --profiling=false \
@@ -571,9 +641,22 @@ all_components_alive() {
   done
 }
 
+# all_components_alive_of KIND: the same for a cluster with the other kind of node.
+all_components_alive_of() {
+  (
+    set_node_kind "$1"
+    all_components_alive
+  )
+}
+
 cmd_up() {
   trap on_error ERR
   local started=$SECONDS
+  local running
+  running="$(recorded_node_kind)"
+  if [[ "${running}" != "${NODE_KIND}" ]] && all_components_alive_of "${running}"; then
+    die "a cluster with a ${running} node is up (${STATE_DIR}); \`bash $0 down\` it first"
+  fi
   if all_components_alive && apiserver_ready; then
     log "already up (state: ${STATE_DIR})"
     print_ready
@@ -581,22 +664,32 @@ cmd_up() {
   fi
   if [[ -d "${STATE_DIR}/pids" ]]; then
     log "a previous cluster in ${STATE_DIR} is partly down; stopping what is left of it"
+    local wanted="${NODE_KIND}"
+    set_node_kind "${running}"
     cmd_down
+    set_node_kind "${wanted}"
   fi
   build_binaries
   install_apt_packages
+  [[ "${NODE_KIND}" == real ]] && install_real_node_packages
   step "checking that the ports are free"
   check_ports_free
   rm -rf "${STATE_DIR}"
   mkdir -p "${STATE_DIR}"/{pids,logs,tmp}
+  echo "${NODE_KIND}" >"${STATE_DIR}/node-kind"
   UP_STARTED_COMPONENTS=true
   generate_pki
   write_tokens_and_kubeconfigs
+  [[ "${NODE_KIND}" == real ]] && create_pod_network
   start_etcd
   start_apiserver
   start_controller_manager
   start_scheduler
-  start_hollow_node
+  if [[ "${NODE_KIND}" == real ]]; then
+    start_real_node
+  else
+    start_hollow_node
+  fi
   wait_for "the default ServiceAccount (token controller)" kube-controller-manager \
     default_service_account_ready
   UP_STARTED_COMPONENTS=false
@@ -632,9 +725,14 @@ stop_component() {
 stop_components() {
   local i
   for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
+    [[ "${COMPONENTS[i]}" == containerd ]] && remove_pod_containers
     stop_component "${COMPONENTS[i]}"
   done
-  remove_hollow_kubelet_root
+  if [[ "${NODE_KIND}" == real ]]; then
+    clean_real_node
+  else
+    remove_hollow_kubelet_root
+  fi
 }
 
 # kubemark makes its kubelet root dir under a hard-coded /tmp (not $TMPDIR) and logs its name.
@@ -697,6 +795,18 @@ main() {
   case "${1:-}" in
   up | down) hold_lock "${STATE_DIR}.lock" "${LOCK_FDS[1]}" ;;
   esac
+  if [[ "${1:-}" == up ]]; then
+    case "${2:-}" in
+    --real-node) set_node_kind real ;;
+    "") set_node_kind "${DSTREAM_K8S_NODE:-hollow}" ;;
+    *)
+      echo "usage: $0 up [--real-node]" >&2
+      exit 2
+      ;;
+    esac
+  else
+    set_node_kind "$(recorded_node_kind)"
+  fi
   case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
@@ -704,7 +814,7 @@ main() {
   status) cmd_status ;;
   build) cmd_build ;;
   *)
-    echo "usage: $0 up|down|env|status|build" >&2
+    echo "usage: $0 up [--real-node]|down|env|status|build" >&2
     exit 2
     ;;
   esac
