@@ -69,9 +69,11 @@ class Kube:
         return context
 
     def _headers(self) -> dict[str, str]:
-        # The hook re-reads a projected ServiceAccount token before it expires.
-        token = self._configuration.get_api_key_with_prefix("authorization")
-        return {"Authorization": token} if token else {}
+        """The bearer token as the official client would send it. The loaders store it under
+        `BearerToken` (the `authorization` key is only an alias), and reading it through
+        `auth_settings` runs the hook that re-reads a projected ServiceAccount token."""
+        bearer = self._configuration.auth_settings().get("BearerToken")
+        return {"Authorization": bearer["value"]} if bearer and bearer["value"] else {}
 
     async def _request(
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"

@@ -7,6 +7,7 @@ operator restart costs nothing but a tick.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -44,6 +45,7 @@ class Observation:
     """Everything `plan` looks at."""
 
     job: StreamingJob | None  # None when the spec is invalid
+    job_uid: str
     problems: tuple[str, ...]  # why the spec is invalid
     status: JobStatus
     driver: PodFacts | None  # the driver pod as it is now
@@ -63,12 +65,17 @@ class Plan:
     create_driver: bool = False
     restarted: bool = False
     events: list[Event] = field(default_factory=list)
+    wake_at: datetime | None = None  # plan again then, even if nothing changes (backoff end)
 
 
 def plan(seen: Observation) -> Plan:
     """Decide for one job; see the module docstring."""
     if seen.job is None:
         return _invalid(seen)
+    if _predecessors(seen.driver, seen.job_uid):
+        return _await_predecessor(seen, seen.driver, seen.job.spec.executor.instances)
+    if _predecessors(seen.vanished, seen.job_uid):
+        seen = dataclasses.replace(seen, vanished=None)  # its end is no restart of this job
     job = seen.job
     step = Plan(status=seen.status)
     _handle_termination(seen, job, step)
@@ -86,6 +93,19 @@ def plan(seen: Observation) -> Plan:
         seen.now,
     )
     return step
+
+
+def _predecessors(pod: PodFacts | None, job_uid: str) -> bool:
+    """A driver pod of an earlier job of the same name: deleted and created again before the
+    garbage collector removed the old pods (`kubectl delete` then `kubectl apply`)."""
+    return pod is not None and pod.owner_uid is not None and pod.owner_uid != job_uid
+
+
+def _await_predecessor(seen: Observation, pod: PodFacts, executors_desired: int) -> Plan:
+    """The garbage collector removes the old driver; this job's own starts once it is gone."""
+    message = f"waiting for driver pod {pod.name} of an earlier job of this name to go"
+    status = with_phase(seen.status, seen.status.phase or "Pending", message, seen.now)
+    return Plan(status=with_driver(status, None, 0, executors_desired, None, seen.now))
 
 
 def _invalid(seen: Observation) -> Plan:
@@ -167,6 +187,7 @@ def _run(seen: Observation, step: Plan) -> None:
     due = status.next_restart_time
     if due is not None and seen.now < due:
         step.status = with_phase(status, "Recovering", status.message, seen.now)
+        step.wake_at = due
         return
     step.create_driver = True
     phase = "Recovering" if status.restarts else "Starting"

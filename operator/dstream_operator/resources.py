@@ -30,7 +30,7 @@ BLOCK_MANAGER_PORT = 7079
 DEFAULT_API_SERVER = "https://kubernetes.default.svc"
 JOB_DIR = "/etc/dstream"
 JOB_FILE = f"{JOB_DIR}/job.yaml"
-IMAGE_GID = 185  # the image's user and group (Spark's convention)
+IMAGE_UID = IMAGE_GID = 185  # the image's user and group (Spark's convention)
 
 DriverHost = Literal["service", "pod-ip"]
 
@@ -364,7 +364,14 @@ def _container_security() -> dict[str, Any]:
 
 
 def _pod_security() -> dict[str, Any]:
-    return {"runAsNonRoot": True, "fsGroup": IMAGE_GID}
+    """Name the user: with `runAsNonRoot` alone the kubelet must prove it from the image, and
+    refuses to start an image whose USER is root, unset or a name (CreateContainerConfigError)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": IMAGE_UID,
+        "runAsGroup": IMAGE_GID,
+        "fsGroup": IMAGE_GID,
+    }
 
 
 def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:

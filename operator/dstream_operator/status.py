@@ -98,6 +98,7 @@ class PodFacts:
     reason: str | None
     message: str | None
     exit_code: int | None
+    owner_uid: str | None  # of the StreamingJob that controls the pod
 
     @property
     def terminal(self) -> bool:
@@ -137,6 +138,14 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
         reason=(terminated or {}).get("reason") or status.get("reason"),
         message=(terminated or {}).get("message") or status.get("message"),
         exit_code=(terminated or {}).get("exitCode"),
+        owner_uid=next(
+            (
+                ref.get("uid")
+                for ref in metadata.get("ownerReferences") or []
+                if ref.get("controller")
+            ),
+            None,
+        ),
     )
 
 

@@ -52,6 +52,7 @@ class JobMemory:
     executors: dict[str, bool] = field(default_factory=dict)  # pod name -> ready
     report: DriverReport | None = None
     polled_at: float = -math.inf
+    wake_at: datetime | None = None  # the last plan asked to be made again then
 
     def current_status(self) -> JobStatus:
         if self.status is not None:
@@ -121,6 +122,13 @@ class JobBook:
         self.changed.set()
         return True
 
+    def seconds_to_wait(self, interval: float, now: datetime) -> float:
+        """The poll interval, or less when a job's restart backoff ends sooner: a restart
+        must not wait for the next poll tick (backoffSeconds may be shorter than the interval)."""
+        wake_ups = [m.wake_at for m in self.jobs.values() if m.wake_at is not None]
+        soonest = min(((at - now).total_seconds() for at in wake_ups), default=interval)
+        return max(0.0, min(interval, soonest))
+
     async def wait(self, timeout: float) -> None:
         """Until something changes or `timeout` seconds pass."""
         try:
@@ -185,7 +193,8 @@ class Supervisor:
     async def run_forever(self) -> None:
         async with aiohttp.ClientSession() as http:
             while True:
-                await self.book.wait(self.settings.interval_seconds)
+                interval = self.settings.interval_seconds
+                await self.book.wait(self.book.seconds_to_wait(interval, datetime.now(UTC)))
                 await self.step_all(http)
 
     async def step_all(self, http: aiohttp.ClientSession) -> None:
@@ -208,12 +217,14 @@ class Supervisor:
         if memory.body["metadata"].get("deletionTimestamp"):
             return  # the deletion handler owns a job's last moments
         metrics.RECONCILIATIONS.labels("supervise").inc()
+        memory.wake_at = None  # a failing step retries on the next tick, not in a tight loop
         owner = owner_of(memory.body)
         job, problems = parse(memory.body)
         vanished, memory.vanished = memory.vanished, None
         try:
             seen = Observation(
                 job=job,
+                job_uid=owner.uid,
                 problems=problems,
                 status=memory.current_status(),
                 driver=memory.driver,
@@ -225,6 +236,7 @@ class Supervisor:
             )
             step = plan(seen)
             await self._act(step, memory, owner, job, seen.now)
+            memory.wake_at = step.wake_at
         except Exception:
             memory.vanished = memory.vanished or vanished  # decide on it again next time
             raise

@@ -101,6 +101,23 @@ def test_driver_pod_runs_the_driver_cli_contract():
     assert pod["spec"]["terminationGracePeriodSeconds"] == 30
 
 
+def test_pods_name_their_non_root_user():
+    """runAsNonRoot alone makes the kubelet check the image's USER, and a named or missing one
+    fails with CreateContainerConfigError (seen on a real kubelet): the uid is explicit."""
+    owner_job = job(volumes=[{"name": "ck", "mountPath": "/ck", "hostPath": {"path": "/srv"}}])
+    pods = [
+        resources.driver_pod(owner_job, OWNER, "service"),
+        resources.cleanup_pod(owner_job, OWNER, "/ck/wc"),
+    ]
+    for pod in pods:
+        assert pod["spec"]["securityContext"] == {
+            "runAsNonRoot": True,
+            "runAsUser": 185,
+            "runAsGroup": 185,
+            "fsGroup": 185,
+        }
+
+
 def test_the_drivers_api_server_is_configurable():
     pod = resources.driver_pod(job(), OWNER, "pod-ip", "https://10.244.0.1:6443")
     args = pod["spec"]["containers"][0]["args"]

@@ -9,6 +9,7 @@ from dstream_operator import reconcile, restarts, status
 from dstream_operator.main import parse_args
 from dstream_operator.resources import spec_hash
 from dstream_operator.status import JobStatus, PodFacts
+from dstream_operator.supervisor import JobBook
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -124,6 +125,7 @@ def seen(spec_job=None, driver=None, vanished=None, current=None, **kw) -> recon
     spec_job = spec_job or job()
     return reconcile.Observation(
         job=spec_job,
+        job_uid="uid-wc",
         problems=(),
         status=current or JobStatus(phase="Running"),
         driver=driver,
@@ -155,6 +157,7 @@ def test_plan_restarts_a_failed_driver_after_backoff():
     assert step.status.next_restart_time == NOW + timedelta(seconds=10)
     waiting = reconcile.plan(seen(current=step.status))
     assert not waiting.create_driver and waiting.status.phase == "Recovering"
+    assert waiting.wake_at == step.status.next_restart_time  # not the next poll tick
     later = reconcile.Observation(
         **{**seen(current=step.status).__dict__, "now": NOW + timedelta(seconds=11)}
     )
@@ -169,6 +172,26 @@ def test_plan_ignores_a_driver_the_operator_stopped():
 def test_plan_counts_a_driver_deleted_by_someone_else():
     step = reconcile.plan(seen(vanished=facts()))
     assert step.restarted and "was deleted" in step.status.message
+
+
+def test_plan_leaves_the_driver_of_an_earlier_job_of_the_same_name_alone():
+    """`kubectl delete` then `apply`: the old driver pod, owned by the old uid, is still being
+    garbage-collected. Its presence delays the new driver; its end is no restart."""
+    earlier = facts(owner_uid="uid-earlier", deleting=True)
+    waiting = reconcile.plan(seen(driver=earlier, current=JobStatus()))
+    assert not (waiting.create_driver or waiting.stop_driver or waiting.restarted)
+    assert waiting.status.phase == "Pending" and "earlier job" in waiting.status.message
+    assert waiting.status.driver_pod is None
+    gone = reconcile.plan(seen(vanished=earlier, current=JobStatus()))
+    assert gone.create_driver and not gone.restarted and gone.status.restarts == 0
+    own = reconcile.plan(seen(vanished=facts(owner_uid="uid-wc")))
+    assert own.restarted
+
+
+def test_pod_facts_name_the_controlling_owner():
+    body = pod(ownerReferences=[{"uid": "x"}, {"uid": "uid-wc", "controller": True}])
+    assert status.pod_facts(body).owner_uid == "uid-wc"
+    assert status.pod_facts(pod()).owner_uid is None
 
 
 def test_plan_restarts_an_outdated_driver_and_suspends():
@@ -193,3 +216,12 @@ def test_cli_scope_and_defaults():
     assert args.namespace == ["a", "b"] and args.standalone and not args.all_namespaces
     args = parse_args(["--all-namespaces"])
     assert args.peering == "dstream" and args.metrics_port == 8080 and args.driver_host == "service"
+
+
+def test_supervisor_wakes_when_a_backoff_ends_before_the_next_tick():
+    book = JobBook()
+    assert book.seconds_to_wait(5.0, NOW) == 5.0
+    book.memory(("jobs", "a")).wake_at = NOW + timedelta(seconds=1.5)
+    book.memory(("jobs", "b")).wake_at = NOW + timedelta(seconds=30)
+    assert book.seconds_to_wait(5.0, NOW) == 1.5
+    assert book.seconds_to_wait(5.0, NOW + timedelta(seconds=2)) == 0.0
