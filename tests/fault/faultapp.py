@@ -5,11 +5,15 @@ directory written by the files sink, and the test checks every kind from the sam
 - ("count", word): the batch's own word counts (summed over batches they equal the input's counts);
 - ("total", initial): a running total per initial letter, through updateStateByKey (kept small);
 - ("window", word): counts over the last `window` seconds, incrementally with an inverse function.
+With `taskSleepSeconds`, every input task first sleeps that long, so that a test can kill an
+executor while it is certainly in the middle of a batch; the output does not change.
 """
 
 from __future__ import annotations
 
 import operator
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from dstream import StreamingContext
@@ -21,7 +25,17 @@ def add_counts(new: list[int], total: int | None) -> int:
     return (total or 0) + sum(new)
 
 
+def pause_then_pass(seconds: float) -> Any:
+    def pause(records: Iterator[str]) -> Iterator[str]:
+        time.sleep(seconds)
+        return records
+
+    return pause
+
+
 def build(ssc: StreamingContext, lines: DStream, args: dict[str, Any]) -> DStream:
+    if args.get("taskSleepSeconds"):
+        lines = lines.mapPartitions(pause_then_pass(float(args["taskSleepSeconds"])))
     words = lines.flatMap(lambda line: ((word, 1) for word in line.split()))
     counts = words.reduceByKey(operator.add).cache()  # shared by all three outputs
     totals = counts.map(lambda kv: (kv[0][0], kv[1])).updateStateByKey(add_counts)

@@ -46,6 +46,7 @@ class RateJob:
     window_s: int = 10  # 5 batches: the incremental (add entering, subtract leaving) path
     checkpoint_interval_s: int = 4
     parallelism: int = 1  # shuffle partitions: few tasks, as the suite shares 2 cores
+    task_sleep_s: float = 0
     extra_spec: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -63,7 +64,10 @@ class RateJob:
     def write(self) -> Path:
         spec: dict[str, Any] = {
             "batchInterval": f"{self.batch_s}s",
-            "app": {"module": "faultapp:build", "args": {"window": self.window_s}},
+            "app": {
+                "module": "faultapp:build",
+                "args": {"window": self.window_s, "taskSleepSeconds": self.task_sleep_s},
+            },
             "source": {
                 "type": "rate",
                 "rate": {
@@ -220,6 +224,22 @@ class Driver:
         code = self.process.wait(timeout_s)
         self.reap()
         return code
+
+
+def executor_pids(pgid: int) -> dict[int, str]:
+    """Spark executor JVMs in a process group (local-cluster mode), with their --app-id."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            in_group = os.getpgid(int(entry.name)) == pgid
+        except (OSError, ProcessLookupError):
+            continue
+        if in_group and b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in argv:
+            found[int(entry.name)] = argv[argv.index(b"--app-id") + 1].decode()
+    return found
 
 
 def _killpg(pgid: int, sig: int) -> None:
