@@ -119,21 +119,29 @@ def _invalid(seen: Observation) -> Plan:
 
 
 def ended_driver(seen: Observation) -> restarts.Termination | None:
-    """A driver that ended on its own: it exited, or its pod vanished without us stopping it."""
+    """A driver that ended without the operator stopping it: it exited, or someone deleted its
+    pod (a graceful deletion shows first as a deletion mark, and ends the pod before it goes),
+    or the pod vanished. Once handled, the pod carries a stop reason and is not counted again."""
     driver, vanished = seen.driver, seen.vanished
-    if driver is not None and driver.terminal and not driver.deleting:
-        return restarts.Termination(driver.phase == "Failed", driver.describe_end())
-    if vanished is not None and vanished.stop_reason is None and not vanished.terminal:
+    if driver is not None and driver.stop_reason is None:
+        if driver.deleting:
+            return restarts.Termination(True, f"driver pod {driver.name} was deleted")
+        if driver.terminal:
+            return restarts.Termination(driver.phase == "Failed", driver.describe_end())
+    if vanished is not None and vanished.stop_reason is None:
         return restarts.Termination(True, f"driver pod {vanished.name} was deleted")
     return None
 
 
 def _handle_termination(seen: Observation, job: StreamingJob, step: Plan) -> None:
+    driver = seen.driver
+    if driver is not None and driver.terminal and not driver.deleting:
+        step.stop_driver = STOP_ENDED  # frees the pod name for the next driver
     ended = ended_driver(seen)
     if ended is None:
         return
-    if seen.driver is not None and seen.driver.terminal:
-        step.stop_driver = STOP_ENDED  # frees the pod name for the next driver
+    if driver is not None:
+        step.stop_driver = STOP_ENDED  # marks its end as handled
     if job.spec.suspend or step.status.phase == "Failed":
         return
     decision = restarts.decide(job.spec.restart_policy, step.status.restarts, ended)

@@ -89,6 +89,7 @@ class PodFacts:
     """What the operator needs to know about one pod, read from the pod object."""
 
     name: str
+    uid: str | None  # tells a driver pod from the next one of the same name
     phase: str
     ready: bool
     scheduled: bool
@@ -129,6 +130,7 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
     annotations = metadata.get("annotations") or {}
     return PodFacts(
         name=metadata.get("name", ""),
+        uid=metadata.get("uid"),
         phase=status.get("phase") or "Pending",
         ready=conditions.get("Ready") == "True",
         scheduled=conditions.get("PodScheduled") == "True",

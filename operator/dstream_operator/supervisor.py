@@ -83,6 +83,11 @@ class JobBook:
 
     def see_driver(self, key: JobKey, pod: PodFacts, deleted: bool) -> None:
         memory = self.memory(key)
+        known = memory.driver
+        if known is not None and known.uid == pod.uid and pod.stop_reason is None:
+            # an event from before the supervisor marked this pod: keep the mark, so that the
+            # pod's end is not counted twice
+            pod = dataclasses.replace(pod, stop_reason=known.stop_reason)
         if deleted:
             memory.driver, memory.vanished = None, pod
             self._forget_if_orphaned(key)

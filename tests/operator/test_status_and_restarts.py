@@ -174,6 +174,36 @@ def test_plan_counts_a_driver_deleted_by_someone_else():
     assert step.restarted and "was deleted" in step.status.message
 
 
+def test_a_gracefully_deleted_driver_is_one_restart():
+    """A real kubelet first marks the pod deleting, then ends it (Failed, exit 143), then it
+    goes: the loss counts once, when the deletion mark shows, and the pod gets marked."""
+    marked = reconcile.plan(seen(driver=facts(deleting=True)))
+    assert marked.restarted and marked.status.restarts == 1
+    assert marked.stop_driver == reconcile.STOP_ENDED and "was deleted" in marked.status.message
+    handled = dict(stop_reason=reconcile.STOP_ENDED, deleting=True)
+    for later in (
+        seen(current=marked.status, driver=facts(**handled)),
+        seen(current=marked.status, driver=facts(phase="Failed", **handled)),
+        seen(current=marked.status, vanished=facts(phase="Failed", **handled)),
+    ):
+        step = reconcile.plan(later)
+        assert not step.restarted and step.status.restarts == 1
+
+
+def test_the_book_keeps_the_supervisors_mark_on_a_driver():
+    book = JobBook()
+    key = ("jobs", "wc")
+    book.see_job(key, {"metadata": {"name": "wc", "namespace": "jobs"}})
+    book.see_driver(key, facts(), deleted=False)
+    book.jobs[key].driver = facts(stop_reason=reconcile.STOP_ENDED, deleting=True)  # as _act does
+    book.see_driver(key, facts(phase="Failed"), deleted=False)  # an event from before the mark
+    assert book.jobs[key].driver.stop_reason == reconcile.STOP_ENDED
+    book.see_driver(key, facts(phase="Failed"), deleted=True)
+    assert book.jobs[key].vanished.stop_reason == reconcile.STOP_ENDED
+    book.see_driver(key, facts(uid="p2"), deleted=False)  # the next driver starts unmarked
+    assert book.jobs[key].driver.stop_reason is None
+
+
 def test_plan_leaves_the_driver_of_an_earlier_job_of_the_same_name_alone():
     """`kubectl delete` then `apply`: the old driver pod, owned by the old uid, is still being
     garbage-collected. Its presence delays the new driver; its end is no restart."""
