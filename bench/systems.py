@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -77,13 +78,14 @@ def spark_conf(master: str, partitions: int) -> SparkConf:
 
 
 class System:
-    """Base: a SparkContext plus a batch collector that trials fill in."""
+    """Base: a SparkContext, a job started per trial, and the batches its listener reports."""
 
     name = ""
 
     def __init__(self, sc: SparkContext, partitions: int):
         self.sc = sc
         self.partitions = partitions
+        self.on_batch: Callable[[Batch], None] | None = None  # live report (recovery runs)
         self._batches: list[Batch] = []
         self._warmup = 0
         self._changed = threading.Condition()
@@ -92,8 +94,14 @@ class System:
         with self._changed:
             self._batches.append(batch)
             self._changed.notify_all()
+        if self.on_batch is not None:
+            self.on_batch(batch)
 
-    def _wait_for(self, count: int, deadline: float) -> None:
+    def batches_done(self) -> int:
+        return len(self._batches)
+
+    def wait_for(self, count: int, deadline: float) -> None:
+        """Until `count` batches have completed or the deadline (time.monotonic()) passes."""
         with self._changed:
             self._changed.wait_for(
                 lambda: len(self._batches) >= count, max(0.0, deadline - time.monotonic())
@@ -108,7 +116,11 @@ class System:
         self._warmup = warmup
         workdir = tempfile.mkdtemp(prefix=f"bench-{self.name}-")
         try:
-            self._run(workload, rate, warmup + measured, time.monotonic() + timeout_s, workdir)
+            stop = self.start(workload, rate, workdir)
+            try:
+                self.wait_for(warmup + measured, time.monotonic() + timeout_s)
+            finally:
+                stop()
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
             for rdd in self.sc._jsc.getPersistentRDDs().values():
@@ -119,7 +131,9 @@ class System:
         """The batches after the warm-up (listeners see them all)."""
         return self._batches[self._warmup :]
 
-    def _run(self, workload: str, rate: int, batches: int, deadline: float, workdir: str) -> None:
+    def start(self, workload: str, rate: int, checkpoint: str) -> Callable[[], None]:
+        """Start the job, recovering from `checkpoint` when it holds an earlier run; returns
+        the function that stops it."""
         raise NotImplementedError
 
 
@@ -141,13 +155,13 @@ class DStreamSystem(System):
 
     name = "dstream"
 
-    def _run(self, workload: str, rate: int, batches: int, deadline: float, workdir: str) -> None:
+    def start(self, workload: str, rate: int, checkpoint: str) -> Callable[[], None]:
         from dstream import apps
         from dstream.context import StreamingContext
         from dstream.spec import GrepArgs, TopkArgs, WordcountArgs
 
         ssc = StreamingContext(self.sc, 1)
-        ssc.checkpoint(workdir)
+        ssc.checkpoint(checkpoint)  # recovers at start() when the checkpoint holds a run
         lines = ssc.rateStream(rate, self.partitions, SEED, RECORD_BYTES)
         window = f"{WINDOW_S}s"
         if workload == "grep":
@@ -157,18 +171,14 @@ class DStreamSystem(System):
             apps.wordcount(ssc, lines, args).foreachRDD(_emit_count)
         else:
             apps.topk(ssc, lines, TopkArgs(k=K, window=window, slide="1s")).foreachRDD(_emit_all)
-        ssc.addStreamingListener(_DStreamCollector(self, rate))
+        ssc.addStreamingListener(_DStreamCollector(self))
         ssc.start()
-        try:
-            self._wait_for(batches, deadline)
-        finally:
-            ssc.stop(stopSparkContext=False)
+        return lambda: ssc.stop(stopSparkContext=False)
 
 
 class _DStreamCollector:
-    def __init__(self, system: System, rate: int):
+    def __init__(self, system: System):
         self._system = system
-        self._rate = rate
 
     def onBatchCompleted(self, event: Any) -> None:
         info = event.batchInfo()
@@ -190,36 +200,35 @@ class LegacySystem(System):
 
     name = "pyspark.streaming"
 
-    def _run(self, workload: str, rate: int, batches: int, deadline: float, workdir: str) -> None:
+    def start(self, workload: str, rate: int, checkpoint: str) -> Callable[[], None]:
         from pyspark.streaming import StreamingContext
 
-        ssc = StreamingContext(self.sc, 1)
-        ssc.checkpoint(workdir)
-        lines = legacy_rate_lines(ssc, rate, self.partitions, origin_ms=None)
-        if workload == "grep":
-            pattern = PATTERN
-            matches = lines.filter(lambda line: re.search(pattern, line) is not None)
-            matches.count().foreachRDD(_emit_all)
-        else:
+        def setup() -> Any:
+            ssc = StreamingContext(self.sc, 1)
+            ssc.checkpoint(checkpoint)
+            lines = legacy_rate_lines(ssc, rate, self.partitions)
+            if workload == "grep":
+                pattern = PATTERN
+                matches = lines.filter(lambda line: re.search(pattern, line) is not None)
+                matches.count().foreachRDD(_emit_all)
+                return ssc
             pairs = lines.flatMap(lambda line: line.split()).map(lambda word: (word, 1))
             counts = pairs.reduceByKeyAndWindow(
                 operator.add, operator.sub, WINDOW_S, 1, filterFunc=lambda kv: kv[1] > 0
             )
-            if workload == "wordcount":
-                counts.foreachRDD(_emit_count)
-            else:
-                counts.foreachRDD(_emit_top)
+            counts.foreachRDD(_emit_count if workload == "wordcount" else _emit_top)
+            return ssc
+
+        ssc = StreamingContext.getOrCreate(checkpoint, setup)
         ssc.addStreamingListener(_legacy_listener(self, rate))
         ssc.start()
-        try:
-            self._wait_for(batches, deadline)
-        finally:
-            ssc.stop(stopSparkContext=False, stopGraceFully=False)
+        return lambda: ssc.stop(stopSparkContext=False, stopGraceFully=False)
 
 
-def legacy_rate_lines(ssc: Any, rate: int, partitions: int, origin_ms: int | None) -> Any:
-    """The rate source's lines as a pyspark.streaming DStream: batch at time T holds interval
-    k = (T - origin) / 1 s. Without an origin, the first batch is interval 1."""
+def legacy_rate_lines(ssc: Any, rate: int, partitions: int) -> Any:
+    """The rate source's lines as a pyspark.streaming DStream: the batch at time T holds interval
+    k = (T - origin) / 1 s, the origin being 1 s before the first batch. The origin is kept in the
+    transform function's closure, which the checkpoint saves, so a restarted driver goes on."""
     from pyspark.streaming.dstream import DStream
 
     sc = ssc.sparkContext
@@ -230,7 +239,7 @@ def legacy_rate_lines(ssc: Any, rate: int, partitions: int, origin_ms: int | Non
     )
     java_stream = sc._jvm.org.apache.spark.streaming.api.java.JavaDStream(constant, jrdd.classTag())
     ticks = DStream(java_stream, ssc, tick._jrdd_deserializer)
-    origin = {"ms": origin_ms}
+    origin: dict[str, int | None] = {"ms": None}
     generate = feed.slice_lines(SEED, RECORD_BYTES)
 
     def interval_lines(time: Any, rdd: Any) -> Any:
@@ -276,25 +285,36 @@ class StructuredSystem(System):
         self.pool = feed.pool_frame(self.spark, SEED, RECORD_BYTES).cache()
         self.pool.count()
 
-    def lines(self, rate: int, start_ms: int) -> Any:
+    def lines(self, rate: int, start_ms: int, wall_clock: bool) -> Any:
+        """The records as (line, timestamp) rows. Trials use `rate-micro-batch` (exactly one
+        interval per micro-batch, like the DStream systems); recovery runs use `rate`, whose
+        rows keep arriving by the wall clock while the driver is down, as the others' do."""
         from pyspark.sql import functions as sf
 
-        source = (
-            self.spark.readStream.format("rate-micro-batch")
-            .option("rowsPerBatch", rate)
-            .option("numPartitions", self.partitions)
-            .option("startTimestamp", start_ms)
-            .option("advanceMillisPerBatch", 1000)
-            .load()
-        )
+        reader = self.spark.readStream.option("numPartitions", self.partitions)
+        if wall_clock:
+            source = reader.format("rate").option("rowsPerSecond", rate).load()
+        else:
+            source = (
+                reader.format("rate-micro-batch")
+                .option("rowsPerBatch", rate)
+                .option("startTimestamp", start_ms)
+                .option("advanceMillisPerBatch", 1000)
+                .load()
+            )
         indexed = source.withColumn("idx", feed.pool_index_column("value", self.partitions, SEED))
         return indexed.join(sf.broadcast(self.pool), "idx").select("line", "timestamp")
 
-    def _run(self, workload: str, rate: int, batches: int, deadline: float, workdir: str) -> None:
+    def start(
+        self, workload: str, rate: int, checkpoint: str, wall_clock: bool = False
+    ) -> Callable[[], None]:
         from pyspark.sql import functions as sf
 
+        self._progress: list[dict[str, Any]] = []
+        self._checkpoint = checkpoint
+        self._wall_clock = wall_clock
         start_ms = int(time.time() * 1000)
-        lines = self.lines(rate, start_ms)
+        lines = self.lines(rate, start_ms, wall_clock)
         if workload == "grep":
             matches = lines.where(sf.col("line").rlike(PATTERN))
             writer = matches.writeStream.foreachBatch(lambda df, _id: df.count())
@@ -312,22 +332,65 @@ class StructuredSystem(System):
                 writer = writer.format("noop")
             else:
                 writer = writer.foreachBatch(_top_of_current_window(start_ms))
-        query = (
-            writer.option("checkpointLocation", workdir).trigger(processingTime="1 second").start()
+        self._query = (
+            writer.option("checkpointLocation", checkpoint)
+            .trigger(processingTime="1 second")
+            .start()
         )
-        try:
-            while time.monotonic() < deadline:
-                progress = query.lastProgress
-                if progress is not None and progress["batchId"] + 1 >= batches:
-                    break
-                time.sleep(0.2)
-        finally:
-            query.stop()
-        for batch in structured_batches(query.recentProgress, self._warmup):
-            self._record(batch)
+        return self._query.stop
+
+    def wait_for(self, count: int, deadline: float) -> None:
+        """Poll the query's progress (a completed micro-batch each) into batches."""
+        while time.monotonic() < deadline:
+            self._poll()
+            if len(self._progress) >= count:
+                return
+            time.sleep(0.2)
+
+    def batches_done(self) -> int:
+        self._poll()
+        return len(self._progress)
+
+    def _poll(self) -> None:
+        seen = {p["batchId"] for p in self._progress}
+        fresh = [p for p in self._query.recentProgress if p["batchId"] not in seen]
+        self._progress += fresh
+        if self.on_batch is not None and fresh and self._wall_clock:
+            created = rate_source_created_ms(self._checkpoint)
+            for batch in rate_source_batches(fresh, created):
+                self.on_batch(batch)
 
     def _measured(self) -> list[Batch]:
-        return list(self._batches)  # structured_batches() kept only the measured ones
+        return structured_batches(self._progress, self._warmup)
+
+
+def rate_source_created_ms(checkpoint: str) -> int:
+    """When the `rate` source started counting: its rows of second s arrive in [s, s + 1)."""
+    with open(os.path.join(checkpoint, "sources", "0", "0")) as metadata:
+        return int(metadata.read().split()[-1])
+
+
+def rate_source_batches(progress: list[dict[str, Any]], created_ms: int) -> list[Batch]:
+    """Micro-batches of the `rate` source as batches due when their newest second ended."""
+    batches = []
+    for p in progress:
+        end_second = p["sources"][0]["endOffset"]
+        if end_second is None:
+            continue
+        start = _started_ms(p)
+        processing = p["durationMs"].get("triggerExecution", 0)
+        due = created_ms + int(end_second) * 1000
+        batches.append(
+            Batch(due, p["numInputRows"], max(0, start - due), processing, start + processing)
+        )
+    return batches
+
+
+def _started_ms(progress: dict[str, Any]) -> int:
+    from datetime import datetime
+
+    stamp = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00"))
+    return round(stamp.timestamp() * 1000)
 
 
 def _top_of_current_window(start_ms: int) -> Any:
@@ -348,20 +411,14 @@ def structured_batches(progress: list[dict[str, Any]], warmup: int) -> list[Batc
     starts with the first measured batch (b = warmup): the rate-micro-batch source admits one
     interval per trigger and never catches up, so a lag left by the (slow) first batches would
     otherwise stay in every later delay; from there on a slow batch delays all later ones."""
-    from datetime import datetime
-
-    def started_ms(p: dict[str, Any]) -> int:
-        stamp = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00"))
-        return round(stamp.timestamp() * 1000)
-
     measured = [p for p in progress if p["batchId"] >= warmup]
     if not measured:
         return []
     # The most punctual batch defines the schedule (its scheduling delay is 0).
-    zero = min(started_ms(p) - p["batchId"] * 1000 for p in measured)
+    zero = min(_started_ms(p) - p["batchId"] * 1000 for p in measured)
     batches = []
     for p in measured:
-        start = started_ms(p)
+        start = _started_ms(p)
         due = zero + p["batchId"] * 1000
         processing = p["durationMs"].get("triggerExecution", 0)
         batches.append(

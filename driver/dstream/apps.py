@@ -7,13 +7,12 @@ the sink writes. Built-ins register their main stream for interactive queries by
 from __future__ import annotations
 
 import importlib
-import itertools
 import operator
 import re
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
+from dstream import tasks
 from dstream.context import StreamingContext
 from dstream.dstream import DStream
 from dstream.spec import App, GrepArgs, SessionsArgs, TopkArgs, WordcountArgs, duration_ms
@@ -24,13 +23,8 @@ def _seconds(duration: str) -> float:
 
 
 def _words(lines: DStream) -> DStream:
-    """(word, count) pairs, each word once per partition: counting in Counter's C loop before
-    the shuffle is several times cheaper than a (word, 1) pair per word through reduceByKey."""
-    return lines.mapPartitions(_count_words)
-
-
-def _count_words(lines: Iterable[str]) -> Iterable[tuple[str, int]]:
-    return Counter(itertools.chain.from_iterable(map(str.split, lines))).items()
+    """(word, count) pairs, each word once per partition (combined before the shuffle)."""
+    return lines.mapPartitions(tasks.count_words)
 
 
 def wordcount(ssc: StreamingContext, lines: DStream, args: WordcountArgs) -> DStream:
@@ -73,16 +67,10 @@ def topk(ssc: StreamingContext, lines: DStream, args: TopkArgs) -> DStream:
     k = args.k
 
     def top(rdd: Any) -> Any:
-        local = rdd.mapPartitions(lambda kvs: _largest(k, kvs))
-        return local.coalesce(1).mapPartitions(lambda kvs: _largest(k, kvs))
+        local = rdd.mapPartitions(lambda kvs: tasks.largest(k, kvs))
+        return local.coalesce(1).mapPartitions(lambda kvs: tasks.largest(k, kvs))
 
     return counts.transform(top)
-
-
-def _largest(k: int, pairs: Any) -> list[Any]:
-    import heapq
-
-    return heapq.nlargest(k, pairs, key=lambda kv: (kv[1], kv[0]))
 
 
 def sessions(ssc: StreamingContext, lines: DStream, args: SessionsArgs) -> DStream:

@@ -1,0 +1,196 @@
+"""Recovery experiments: an executor killed (local-cluster mode), and the driver killed and
+restarted from its checkpoint, for every system, on WordCount (the stateful workload).
+
+Each run is a `bench.recover` process; its batches are read as they complete. A batch's delay is
+its end minus the end of its input interval (for Structured Streaming's `rate` source: minus the
+end of the newest second it read). Reported per system and fault:
+- baseline: median delay of the batches before the fault;
+- peak: the largest delay after it;
+- recovery: seconds from the fault until the delay is back within RECOVERED_MS of the baseline
+  for good (the batches after the fault have caught up).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RECOVERED_MS = 500
+BEFORE = 30  # batches before the fault (the first ones drain the start-up backlog)
+AFTER = 30  # batches run after it
+LOCAL_CLUSTER = "local-cluster[2,1,1024]"
+
+
+def recover_command(
+    system: str, rate: int, checkpoint: str, batches: int, *extra: str
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "bench.recover",
+        "--system",
+        system,
+        "--rate",
+        str(rate),
+        "--checkpoint",
+        checkpoint,
+        "--batches",
+        str(batches),
+        *extra,
+    ]
+
+
+class RecoverProcess:
+    """A running `bench.recover` in its own process group, its events collected by a thread."""
+
+    def __init__(self, command: list[str], log_name: str):
+        log = open(ROOT / "bench" / "results" / "logs" / log_name, "w")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            start_new_session=True,
+        )
+        log.close()
+        self.events: list[dict[str, Any]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                self.events.append(json.loads(line))
+
+    def batches(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == "batch"]
+
+    def wait_for_batches(self, count: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if len(self.batches()) >= count:
+                return True
+            time.sleep(0.2)
+        return len(self.batches()) >= count
+
+    def kill(self) -> int:
+        """SIGKILL the whole process group (driver, JVM, Python workers): a lost driver pod."""
+        killed_ms = int(time.time() * 1000)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        self._reader.join(timeout=5)
+        return killed_ms
+
+    def finish(self, timeout_s: float) -> None:
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+
+
+def summarize(before: list[dict[str, Any]], after: list[dict[str, Any]], fault_ms: int) -> dict:
+    """Baseline, peak and recovery time (see the module docstring) from batch events."""
+
+    def delay(b: dict[str, Any]) -> int:
+        return b["end_ms"] - b["time_ms"]
+
+    steady = before[-10:]
+    baseline = statistics.median(delay(b) for b in steady) if steady else 0.0
+    later = sorted((b for b in after if b["end_ms"] >= fault_ms), key=lambda b: b["end_ms"])
+    if not later:
+        return {"baseline_ms": baseline, "recovered": False}
+    recovered_at = None
+    for i, batch in enumerate(later):
+        if all(delay(b) <= baseline + RECOVERED_MS for b in later[i:]):
+            recovered_at = batch["end_ms"]
+            break
+    return {
+        "baseline_ms": baseline,
+        "peak_ms": max(delay(b) for b in later),
+        "first_batch_after_s": (later[0]["end_ms"] - fault_ms) / 1000,
+        "recovery_s": None if recovered_at is None else (recovered_at - fault_ms) / 1000,
+        "recovered": recovered_at is not None,
+        "timeline": [
+            {"t_s": (b["end_ms"] - fault_ms) / 1000, "delay_ms": delay(b)}
+            for b in sorted(before + later, key=lambda b: b["end_ms"])
+        ],
+    }
+
+
+def executor_kill(system: str, rate: int) -> dict[str, Any]:
+    """One executor JVM of a local-cluster killed after BEFORE batches."""
+    checkpoint = tempfile.mkdtemp(prefix=f"bench-recovery-{system}-")
+    extra = ("--master", LOCAL_CLUSTER, "--kill-executor-after", str(BEFORE))
+    command = recover_command(system, rate, checkpoint, BEFORE + AFTER, *extra)
+    run = RecoverProcess(command, f"recovery-executor-{system}.log")
+    try:
+        run.finish(timeout_s=6 * (BEFORE + AFTER) + 120)
+    finally:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    killed = [e for e in run.events if e["event"] == "killed"]
+    if not killed or killed[0].get("pid") is None:
+        return {"error": "no executor was killed (see the log)", "batches": len(run.batches())}
+    fault_ms = killed[0]["ms"]
+    batches = run.batches()
+    before = [b for b in batches if b["end_ms"] < fault_ms]
+    after = [b for b in batches if b["end_ms"] >= fault_ms]
+    return summarize(before, after, fault_ms)
+
+
+def driver_restart(system: str, rate: int) -> dict[str, Any]:
+    """The driver's process group SIGKILLed after BEFORE batches, then started again."""
+    checkpoint = tempfile.mkdtemp(prefix=f"bench-recovery-{system}-")
+    try:
+        first = RecoverProcess(
+            recover_command(system, rate, checkpoint, 10_000), f"recovery-driver-{system}-1.log"
+        )
+        if not first.wait_for_batches(BEFORE, timeout_s=4 * BEFORE + 120):
+            first.kill()
+            return {"error": "the first run did not complete its batches (see the log)"}
+        fault_ms = first.kill()
+        second = RecoverProcess(
+            recover_command(system, rate, checkpoint, AFTER), f"recovery-driver-{system}-2.log"
+        )
+        second.finish(timeout_s=6 * AFTER + 120)
+    finally:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    if not second.batches():
+        return {"error": "the restarted driver completed no batch (see the log)"}
+    return summarize(first.batches(), second.batches(), fault_ms)
+
+
+def recovery_rate(table: dict[str, dict[str, dict[str, Any]]]) -> int:
+    """Half of the lowest WordCount maximum: every system can sustain it."""
+    rates = [row.get("rate", 0) for row in table.get("wordcount", {}).values()]
+    rates = [r for r in rates if r]
+    return max(1000, min(rates) // 2) if rates else 2000
+
+
+def run_recovery(systems: list[str], table: dict[str, dict[str, dict[str, Any]]]) -> dict:
+    rate = recovery_rate(table)
+    results: dict[str, Any] = {"rate": rate, "workload": "wordcount"}
+    for system in systems:
+        print(f"  recovery: {system}: executor kill at {rate:,}/s", file=sys.stderr, flush=True)
+        executor = executor_kill(system, rate)
+        print(f"  recovery: {system}: driver restart at {rate:,}/s", file=sys.stderr, flush=True)
+        driver = driver_restart(system, rate)
+        results[system] = {"executor": executor, "driver": driver}
+    return results
