@@ -1,0 +1,244 @@
+"""python -m e2e.chaos --kubeconfig K --image IMAGE (--host-path DIR | --storage-class SC)
+
+Installs the operator from helm/dstream, runs the wordtotals StreamingJob (2 executors,
+checkpoint and output on shared storage), deletes executor, driver and operator pods while it
+runs, then checks the committed output against the reference and prints the figures.
+Exit status 0 only if lost=0 and duplicated=0 and every batch matched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from e2e.chaos.cluster import DEADLINE, Cluster, install_operator, operator_selector
+from e2e.chaos.faults import Chaos, Target
+from e2e.chaos.observer import Observer
+from e2e.chaos.storage import CHECKPOINT, OUTPUT, ClaimStorage, HostPathStorage, Storage
+from e2e.chaos.verify import Input, Verdict, verify
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "dstream"
+JOB = "wordtotals"
+RELEASE = "dstream"
+SOURCE = Input(seed=7, record_bytes=60, partitions=2)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m e2e.chaos", description=__doc__)
+    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), required=False)
+    parser.add_argument("--kubectl", default="kubectl")
+    parser.add_argument("--image", required=True, help="image of the operator, driver, executors")
+    storage = parser.add_mutually_exclusive_group(required=True)
+    storage.add_argument("--host-path", help="a node directory for checkpoint and output")
+    storage.add_argument("--storage-class", help="a class that provisions ReadWriteMany claims")
+    parser.add_argument(
+        "--local-path",
+        type=Path,
+        help="the --host-path directory as this machine sees it (default: the same path)",
+    )
+    parser.add_argument("--namespace", default="dstream-e2e")
+    parser.add_argument("--operator-namespace", default="dstream-e2e-system")
+    parser.add_argument(
+        "--api-server",
+        default="",
+        help="the API server URL for drivers (chart operator.apiServer; default: the chart's)",
+    )
+    parser.add_argument("--driver-host", choices=["service", "pod-ip"], default="pod-ip")
+    parser.add_argument("--batch-seconds", type=int, default=4)
+    parser.add_argument("--rate", type=int, default=100, help="records per second")
+    parser.add_argument("--executor-kills", type=int, default=3)
+    parser.add_argument("--driver-kills", type=int, default=1)
+    parser.add_argument("--operator-kills", type=int, default=1)
+    parser.add_argument("--deadline-seconds", type=float, default=1800, help="whole-suite limit")
+    parser.add_argument("--report", type=Path, help="also write the figures as JSON here")
+    parser.add_argument("--keep", action="store_true", help="leave the job and operator running")
+    args = parser.parse_args(argv)
+    if not args.kubeconfig:
+        parser.error("--kubeconfig (or KUBECONFIG) is required")
+    return args
+
+
+def say(text: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def split_image(image: str) -> tuple[str, str]:
+    """repository and tag (a ':' after the last '/'; else tag latest)."""
+    name, _, tag = image.rpartition(":")
+    if not name or "/" in tag:
+        return image, "latest"
+    return name, tag
+
+
+def chart_values(args: argparse.Namespace) -> dict[str, Any]:
+    repository, tag = split_image(args.image)
+    operator: dict[str, Any] = {"driverHost": args.driver_host, "pollSeconds": 5}
+    if args.api_server:
+        operator["apiServer"] = args.api_server
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
+        "watchNamespaces": [args.namespace],
+        "operator": operator,
+    }
+
+
+def job_manifest(args: argparse.Namespace, storage: Storage) -> dict[str, Any]:
+    """Small pods (the whole job fits 2 cores): CPU requests far below the cores Spark uses."""
+    batch = args.batch_seconds
+    return {
+        "apiVersion": "dstream.dev/v1alpha1",
+        "kind": "StreamingJob",
+        "metadata": {"name": JOB, "namespace": args.namespace},
+        "spec": {
+            "batchInterval": f"{batch}s",
+            "app": {"module": "jobs.wordtotals:build", "args": {"window": 3 * batch}},
+            "source": {
+                "type": "rate",
+                "rate": {
+                    "recordsPerSecond": args.rate,
+                    "partitions": SOURCE.partitions,
+                    "seed": SOURCE.seed,
+                    "recordBytes": SOURCE.record_bytes,
+                },
+            },
+            "sink": {"type": "files", "files": {"path": OUTPUT}},
+            "checkpoint": {"path": CHECKPOINT, "interval": f"{3 * batch}s"},
+            "driver": {"cores": 1, "memory": "512m"},
+            "executor": {"instances": 2, "cores": 1, "memory": "512m"},
+            "image": args.image,
+            "imagePullPolicy": "IfNotPresent",
+            "volumes": [storage.volume()],
+            "sparkConf": {
+                "spark.kubernetes.executor.request.cores": "100m",
+                "spark.default.parallelism": "2",
+                "spark.ui.enabled": "false",
+            },
+            "restartPolicy": {"type": "Always", "maxRestarts": 10, "backoffSeconds": 1},
+        },
+    }
+
+
+def make_storage(args: argparse.Namespace, cluster: Cluster) -> Storage:
+    if args.host_path:
+        return HostPathStorage(args.host_path, args.local_path or Path(args.host_path))
+    return ClaimStorage(cluster, args.namespace, args.storage_class, args.image)
+
+
+def run_faults(chaos: Chaos, args: argparse.Namespace) -> None:
+    say("waiting for the job to run (phase Running, executors ready, a batch committed)")
+    chaos.wait_until_running(900)
+    chaos.measure_baseline(5, 300)
+    for n in range(args.executor_kills):
+        say(f"executor loss {n + 1}/{args.executor_kills}")
+        chaos.lose_executor(300)
+    for n in range(args.driver_kills):
+        say(f"driver loss {n + 1}/{args.driver_kills}")
+        chaos.lose_driver(600)
+    for n in range(args.operator_kills):
+        say(f"operator loss {n + 1}/{args.operator_kills} (then a driver loss it must handle)")
+        chaos.lose_operator(600)
+    say("letting the job run on after the last fault")
+    chaos.settle(3, 300)
+
+
+def diagnose(cluster: Cluster, args: argparse.Namespace) -> None:
+    """What a failed run needs for a post-mortem: pods, the job, the last driver/operator logs."""
+    commands = [
+        ["get", "pods", "--all-namespaces", "-o", "wide"],
+        ["get", "streamingjob", JOB, "-n", args.namespace, "-o", "yaml"],
+        ["logs", "-n", args.namespace, f"{JOB}-driver", "--tail", "60"],
+        ["logs", "-n", args.operator_namespace, "-l", operator_selector(RELEASE), "--tail", "40"],
+    ]
+    for command in commands:
+        say("$ kubectl " + " ".join(command))
+        try:
+            print(cluster.run_kubectl(*command).decode(errors="replace"), flush=True)
+        except Exception as error:
+            print(f"  ({error})", flush=True)
+
+
+def report(chaos: Chaos, verdict: Verdict, max_drivers: int, path: Path | None) -> None:
+    faults = ", ".join(f"{kind}={n}" for kind, n in chaos.faults.items())
+    say(f"faults: {faults or 'none'} ({sum(chaos.faults.values())} in total)")
+    for line in chaos.figures.summary():
+        say(line)
+    say(f"baseline batch delay: {chaos.baseline_delay:.1f}s")
+    say(f"batches={verdict.batches} records={verdict.records} words={verdict.words}")
+    say(f"most live driver pods at once: {max_drivers}")
+    for problem in verdict.problems[:20]:
+        say(f"PROBLEM: {problem}")
+    say(f"lost={verdict.lost} duplicated={verdict.duplicated}")
+    if path:
+        document = {
+            "faults": chaos.faults,
+            "figures": chaos.figures.values,
+            "notes": chaos.figures.notes,
+            "baselineDelaySeconds": chaos.baseline_delay,
+            "batches": verdict.batches,
+            "records": verdict.records,
+            "lost": verdict.lost,
+            "duplicated": verdict.duplicated,
+            "problems": verdict.problems,
+            "maxLiveDrivers": max_drivers,
+        }
+        path.write_text(json.dumps(document, indent=2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    DEADLINE.start(args.deadline_seconds)
+    started = time.monotonic()
+    cluster = Cluster(args.kubeconfig, args.kubectl)
+    say(f"namespaces {args.operator_namespace} and {args.namespace}")
+    cluster.create_namespace(args.operator_namespace)
+    cluster.create_namespace(args.namespace)
+    storage = make_storage(args, cluster)
+    storage.prepare()
+    say(f"installing the operator from {CHART.relative_to(ROOT)} ({args.image})")
+    installed = install_operator(
+        cluster, CHART, RELEASE, args.operator_namespace, chart_values(args)
+    )
+    observer = Observer(storage, cluster, args.namespace, JOB, every_s=1.0)
+    observer.start()
+    manifest = job_manifest(args, storage)
+    say(f"applying StreamingJob {JOB}")
+    cluster.apply([manifest])
+    target = Target(args.namespace, JOB, 2, args.batch_seconds, args.operator_namespace, RELEASE)
+    chaos = Chaos(cluster, observer, target)
+    failure = None
+    try:
+        run_faults(chaos, args)
+    except Exception as error:
+        failure = error
+        traceback.print_exc()
+        diagnose(cluster, args)
+    observer.stop()
+    observer.poll()
+    snapshot = observer.snapshot()
+    window_ms = 3 * args.batch_seconds * 1000
+    verdict = verify(
+        SOURCE, snapshot, storage.batch_outputs(), args.batch_seconds * 1000, window_ms
+    )
+    if snapshot.max_drivers > 1:
+        verdict.problems.append(f"{snapshot.max_drivers} live driver pods at once")
+    if failure is not None:
+        verdict.problems.append(f"the run stopped early: {failure}")
+    report(chaos, verdict, snapshot.max_drivers, args.report)
+    if not args.keep:
+        say("removing the job and the operator")
+        cluster.delete([manifest])
+        storage.release()
+        cluster.delete(installed)
+    say(f"{'PASS' if verdict.exact else 'FAIL'} in {time.monotonic() - started:.0f} s")
+    return 0 if verdict.exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""The faults and what each costs: executor pods, the driver pod and the operator pod deleted
+while the job runs, each followed by a bounded wait for the job to be whole and on schedule.
+
+Figures (seconds):
+- executor loss: the largest batch delay (batch time -> commit) among the batches that were
+  running or started before the job was back on schedule (the spike), and the time from the
+  deletion until a batch started after it committed on schedule again;
+- driver loss: from the deletion to the first batch committed by the new driver;
+- operator loss: from the deletion to the new operator pod being ready (failover); the job keeps
+  committing meanwhile, and the new operator must replace a driver deleted afterwards (adoption).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from e2e.chaos.cluster import Cluster, operator_selector, pod_ready, wait_for
+from e2e.chaos.observer import Observer, Snapshot
+
+
+@dataclass(frozen=True)
+class Target:
+    namespace: str
+    job: str
+    executors: int
+    batch_s: float
+    operator_namespace: str
+    release: str
+
+
+@dataclass
+class Figures:
+    """Measured seconds per kind of figure, in the order measured."""
+
+    values: dict[str, list[float]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, kind: str, seconds: float, note: str) -> None:
+        self.values.setdefault(kind, []).append(seconds)
+        self.notes.append(f"{kind}: {seconds:.1f} s ({note})")
+        print(f"  {kind}: {seconds:.1f} s ({note})", flush=True)
+
+    def summary(self) -> list[str]:
+        return [
+            f"{kind}: count={len(v)} median={statistics.median(v):.1f}s max={max(v):.1f}s"
+            for kind, v in self.values.items()
+        ]
+
+
+class Chaos:
+    def __init__(self, cluster: Cluster, observer: Observer, target: Target):
+        self.cluster, self.observer, self.target = cluster, observer, target
+        self.figures = Figures()
+        self.baseline_delay = 0.0
+        self.faults: dict[str, int] = {}
+
+    # -- observations -------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        if self.observer.failure:
+            raise RuntimeError(f"the observer stopped: {self.observer.failure}")
+        return self.observer.snapshot()
+
+    def ready_executors(self) -> list[str]:
+        pods = self.cluster.job_pods(self.target.namespace, self.target.job, "executor")
+        return sorted(p.metadata.name for p in pods if pod_ready(p))
+
+    def wait_until_running(self, timeout_s: float) -> None:
+        """The job's phase is Running, all executors are ready, and batches commit."""
+        t = self.target
+
+        def running() -> bool:
+            status = self.cluster.streaming_job(t.namespace, t.job).get("status") or {}
+            return status.get("phase") == "Running"
+
+        wait_for(f"StreamingJob {t.job} phase Running", running, timeout_s, every_s=2)
+        wait_for(
+            f"{t.executors} executor pods ready",
+            lambda: len(self.ready_executors()) >= t.executors,
+            timeout_s,
+            every_s=2,
+        )
+        started = time.time()
+        wait_for(
+            "a batch committed with all executors",
+            lambda: self.snapshot().committed_after(started),
+            timeout_s,
+        )
+
+    def measure_baseline(self, batches: int, timeout_s: float) -> None:
+        """The median delay of `batches` consecutive fault-free batches."""
+        started = time.time()
+
+        def enough() -> list[int] | None:
+            done = self.snapshot().committed_after(started)
+            return done if len(done) >= batches else None
+
+        done = wait_for(f"{batches} fault-free batches", enough, timeout_s)
+        snapshot = self.snapshot()
+        self.baseline_delay = statistics.median(snapshot.delay(b) for b in done[:batches])
+        print(f"  baseline batch delay: {self.baseline_delay:.1f} s", flush=True)
+
+    def on_schedule_after(self, epoch_s: float, timeout_s: float, what: str) -> int:
+        """The first batch with a time after `epoch_s` whose delay is back to the baseline plus
+        one interval; returns its time (ms)."""
+        limit = self.baseline_delay + self.target.batch_s
+
+        def back() -> int | None:
+            snapshot = self.snapshot()
+            for t in sorted(snapshot.commits):
+                if t / 1000 > epoch_s and snapshot.delay(t) <= limit:
+                    return t
+            return None
+
+        return wait_for(f"batches on schedule again after {what}", back, timeout_s)
+
+    def wait_mid_batch(self, timeout_s: float) -> int:
+        """A batch that is running now (its record written, its commit not yet); its time."""
+
+        def running() -> int | None:
+            snapshot = self.snapshot()
+            open_batches = [t for t in snapshot.ranges if t not in snapshot.commits]
+            newest_commit = max(snapshot.commits, default=0)
+            return max((t for t in open_batches if t > newest_commit), default=None)
+
+        return wait_for("a batch in progress", running, timeout_s, every_s=0.2)
+
+    # -- faults ---------------------------------------------------------------------------------
+
+    def count(self, kind: str) -> None:
+        self.faults[kind] = self.faults.get(kind, 0) + 1
+
+    def lose_executor(self, timeout_s: float) -> None:
+        t = self.target
+        before = self.ready_executors()
+        running = self.wait_mid_batch(timeout_s)
+        victim = before[self.faults.get("executor", 0) % len(before)]
+        deleted_at = time.time()
+        self.cluster.delete_pod(t.namespace, victim)
+        self.count("executor")
+        print(f"- deleted executor pod {victim} during batch {running}", flush=True)
+
+        def replaced() -> bool:
+            ready = self.ready_executors()
+            return len(ready) >= t.executors and bool(set(ready) - set(before))
+
+        wait_for("a replacement executor pod ready", replaced, timeout_s, every_s=2)
+        back = self.on_schedule_after(deleted_at, timeout_s, f"deleting {victim}")
+        snapshot = self.snapshot()
+        affected = [u for u in snapshot.commits if running <= u <= back]
+        spike = max(snapshot.delay(u) for u in affected)
+        self.figures.add("executor-loss batch delay", spike, f"{len(affected)} batches affected")
+        self.figures.add(
+            "executor-loss back on schedule",
+            snapshot.commits[back] - deleted_at,
+            f"batch {back} delay {snapshot.delay(back):.1f} s",
+        )
+
+    def driver_pod(self) -> tuple[str, str]:
+        """(name, uid) of the job's one live driver pod."""
+        t = self.target
+        pods = [
+            p
+            for p in self.cluster.job_pods(t.namespace, t.job, "driver")
+            if not p.metadata.deletion_timestamp
+        ]
+        if len(pods) != 1:
+            raise RuntimeError(f"expected one driver pod, found {[p.metadata.name for p in pods]}")
+        return pods[0].metadata.name, pods[0].metadata.uid
+
+    def lose_driver(self, timeout_s: float, kind: str = "driver recovery") -> None:
+        t = self.target
+        name, uid = self.driver_pod()
+        deleted_at = time.time()
+        self.cluster.delete_pod(t.namespace, name)
+        self.count("driver")
+        print(f"- deleted driver pod {name}", flush=True)
+
+        def new_driver_started() -> float | None:
+            for pod in self.cluster.job_pods(t.namespace, t.job, "driver"):
+                if pod.metadata.uid != uid and pod.status.start_time:
+                    return pod.status.start_time.timestamp()
+            return None
+
+        started = wait_for("a new driver pod", new_driver_started, timeout_s, every_s=1)
+        first = wait_for(
+            "the first batch committed by the new driver",
+            lambda: self.snapshot().committed_after(started),
+            timeout_s,
+        )[0]
+        snapshot = self.snapshot()
+        self.figures.add(
+            kind,
+            snapshot.commits[first] - deleted_at,
+            f"first new commit: batch {first}, delay {snapshot.delay(first):.1f} s",
+        )
+        self.wait_until_running(timeout_s)
+
+    def lose_operator(self, timeout_s: float) -> None:
+        t = self.target
+        selector = operator_selector(t.release)
+        (old,) = [p.metadata.name for p in self.cluster.pods(t.operator_namespace, selector)]
+        deleted_at = time.time()
+        self.cluster.delete_pod(t.operator_namespace, old)
+        self.count("operator")
+        print(f"- deleted operator pod {old}", flush=True)
+        wait_for(
+            "a new operator pod ready",
+            lambda: any(
+                pod_ready(p) and p.metadata.name != old
+                for p in self.cluster.pods(t.operator_namespace, selector)
+            ),
+            timeout_s,
+            every_s=1,
+        )
+        ready_at = time.time()
+        kept = self.snapshot().committed_after(deleted_at)
+        self.figures.add(
+            "operator failover", ready_at - deleted_at, f"{len(kept)} batches committed meanwhile"
+        )
+        self.lose_driver(timeout_s, kind="driver recovery under the new operator")
+
+    def settle(self, batches: int, timeout_s: float) -> None:
+        """A few more batches, so that the last recovery is followed by normal work."""
+        started = time.time()
+        wait_for(
+            f"{batches} batches after the last fault",
+            lambda: len(self.snapshot().committed_after(started)) >= batches,
+            timeout_s,
+        )

@@ -1,0 +1,105 @@
+"""Watches a running job from the outside: its checkpoint's batch log and its driver pods.
+
+The engine prunes old log entries, so the observer keeps, for every batch it saw, the input ranges
+of its record (`log/batch-<ms>.json`) and when its commit marker (`log/commit-<ms>.json`) was
+written; those give the reference input of every committed batch and its delay. It also counts
+the job's live driver pods at every poll: more than one at once would be a duplicate driver.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from dataclasses import dataclass
+
+from e2e.chaos.cluster import Cluster, pod_alive
+from e2e.chaos.storage import Storage
+
+log = logging.getLogger(__name__)
+
+_LOG_FILE = re.compile(r"^(batch|commit)-(\d+)\.json$")
+MAX_POLL_FAILURES_IN_A_ROW = 30
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    ranges: dict[int, list[list[int]]]  # batch time (ms) -> [start, end) per source partition
+    commits: dict[int, float]  # batch time (ms) -> when its commit marker was written (epoch s)
+    max_drivers: int  # most live driver pods seen at once
+
+    def committed_after(self, epoch_s: float) -> list[int]:
+        """Batch times whose commit was written after `epoch_s`, oldest commit first."""
+        return sorted((t for t, at in self.commits.items() if at > epoch_s), key=self.commits.get)
+
+    def delay(self, time_ms: int) -> float:
+        """Seconds from the batch's time until its output was committed."""
+        return self.commits[time_ms] - time_ms / 1000
+
+
+class Observer(threading.Thread):
+    def __init__(
+        self, storage: Storage, cluster: Cluster, namespace: str, job: str, every_s: float
+    ):
+        super().__init__(name="observer", daemon=True)
+        self.storage, self.cluster = storage, cluster
+        self.namespace, self.job, self.every_s = namespace, job, every_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ranges: dict[int, list[list[int]]] = {}
+        self._commits: dict[int, float] = {}
+        self._max_drivers = 0
+        self._failures_in_a_row = 0
+        self.failure: str | None = None  # why the observer gave up, if it did
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll()
+                self._failures_in_a_row = 0
+            except Exception as error:  # a flaky read must not end the observation
+                self._failures_in_a_row += 1
+                log.warning(
+                    "observer poll failed (%d in a row): %r", self._failures_in_a_row, error
+                )
+                if self._failures_in_a_row >= MAX_POLL_FAILURES_IN_A_ROW:
+                    self.failure = f"{self._failures_in_a_row} polls failed in a row: {error!r}"
+                    return
+            self._stop.wait(self.every_s)
+
+    def poll(self) -> None:
+        entries = self.storage.log_entries()
+        drivers = self.cluster.job_pods(self.namespace, self.job, "driver")
+        live_drivers = sum(1 for pod in drivers if pod_alive(pod))
+        with self._lock:
+            self._max_drivers = max(self._max_drivers, live_drivers)
+            for name, entry in entries.items():
+                match = _LOG_FILE.match(name)
+                if not match:
+                    continue
+                kind, time_ms = match.group(1), int(match.group(2))
+                if kind == "commit":
+                    self._commits.setdefault(time_ms, entry.mtime)
+                elif time_ms not in self._ranges:
+                    ranges = _rate_ranges(entry.data)
+                    if ranges is not None:
+                        self._ranges[time_ms] = ranges
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            return Snapshot(dict(self._ranges), dict(self._commits), self._max_drivers)
+
+    def stop(self, timeout_s: float = 30) -> None:
+        self._stop.set()
+        self.join(timeout_s)
+
+
+def _rate_ranges(data: bytes) -> list[list[int]] | None:
+    """The rate source's [start, end) per partition from a batch record; None while torn."""
+    try:
+        body = json.loads(data)["body"]
+    except (ValueError, KeyError):
+        return None
+    (ranges,) = body["ranges"].values()  # the job has exactly one source
+    return ranges
