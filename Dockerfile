@@ -25,9 +25,11 @@ ENV DEBIAN_FRONTEND=noninteractive \
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# Versions come from the bookworm snapshot the base image was made from.
+# Versions come from the bookworm snapshot the base image was made from. The slim image has no
+# /usr/share/man/man1, where openjdk's postinst puts update-alternatives links (fails without it).
 # hadolint ignore=DL3008
-RUN apt-get update \
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
     && apt-get install -y --no-install-recommends \
         python3 python3-venv openjdk-17-jre-headless tini ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
