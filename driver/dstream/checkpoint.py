@@ -3,8 +3,9 @@
 Layout under the checkpoint path:
     metadata.json           graph signature and zero time, written once per graph
     log/batch-<ms>.json     the input ranges of a batch, written before the batch runs
-    log/commit-<ms>.json    written once every output job of the batch succeeded; lists the
-                            state checkpoints that batch made
+    log/commit-<ms>.json    written once the batch's output jobs finished; lists the state
+                            checkpoints that batch made, and its error if an output failed
+                            (a failed batch is done: a restart does not re-run it)
     state/                  Spark's reliable RDD checkpoints (sc.setCheckpointDir)
     deadletter/             malformed input records, per batch
 Every file is written to a temporary name, fsynced and renamed, and carries a checksum, so a

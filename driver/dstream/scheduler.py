@@ -390,10 +390,9 @@ class BatchScheduler:
                 log.error("batch %s: output job failed: %s", datetime_of(time_ms), error)
                 failure = failure or error
         info.state_checkpoints = self._graph.completed_checkpoints()
-        if failure is None:
-            self._commit(info)
-        else:
+        if failure is not None:
             info.error = f"{type(failure).__name__}: {failure}"
+        self._commit(info)
         info.processing_end_ms = self.clock.now_ms()
         self._graph.clear_metadata(time_ms)
         self.current = None
@@ -412,11 +411,17 @@ class BatchScheduler:
             self._ssc._report_error(failure)
 
     def _commit(self, info: BatchInfo) -> None:
+        """Mark the batch done in the log. A failed batch is marked too, with its error: the run
+        moved on past it, so a restart must not re-run it after later batches (their state
+        already went on without it), which keeps a restarted run's output equal to this one's."""
         if self._checkpoint is None:
             return
         fault_point("before-commit")
         started = time.perf_counter()
-        self._checkpoint.write_commit(info.batch_time_ms, {"state": info.state_checkpoints})
+        commit: dict[str, Any] = {"state": info.state_checkpoints}
+        if info.error is not None:
+            commit["error"] = info.error
+        self._checkpoint.write_commit(info.batch_time_ms, commit)
         committing = time.perf_counter() - started
         info.checkpoint_seconds = (info.checkpoint_seconds or 0.0) + committing
         self._prune(info.batch_time_ms)

@@ -9,10 +9,15 @@ produce exactly the reference output; or, when exact recovery is impossible, ref
 from __future__ import annotations
 
 import os
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+from dstream import StreamingContext
 from dstream.checkpoint import CheckpointDir, CheckpointUnrecoverableError
+from dstream.clock import ManualClock
+from dstream.timeutil import time_to_ms
 from harness import InProcessJob, RateJob, verify
 
 
@@ -113,3 +118,40 @@ def test_state_lost_after_the_log_was_pruned_is_refused(job):
     with pytest.raises(CheckpointUnrecoverableError, match="has no readable state checkpoint"):
         job.start()
     assert os.path.exists(job.job.checkpoint / "metadata.json")
+
+
+def test_a_failed_batch_is_logged_as_such_and_not_rerun_after_a_restart(sc, tmp_path):
+    """The live run moved on past a batch whose output failed; a restart must do the same rather
+    than re-run it behind later batches, so the restarted run's output equals the live one's."""
+    outputs: dict[int, Any] = {}
+    clock_ms = [0]
+
+    def setup() -> StreamingContext:
+        ssc = StreamingContext(sc, 1, clock=ManualClock(clock_ms[0]))
+        ones = ssc.rateStream(10, 1, seed=3).map(lambda _line: ("n", 1))
+        totals = ones.updateStateByKey(lambda new, total: (total or 0) + sum(new))
+
+        def keep(time: datetime, rdd: Any) -> None:
+            if time_to_ms(time) == 2000 and 2000 not in outputs:
+                outputs[2000] = "failed"
+                raise OSError("sink unavailable")
+            outputs[time_to_ms(time)] = rdd.collect()
+
+        totals.foreachRDD(keep)
+        return ssc
+
+    checkpoint = str(tmp_path / "checkpoint")
+    for batches in (3, 1):
+        ssc = StreamingContext.getOrCreate(checkpoint, setup)
+        ssc.start()
+        for _ in range(batches):
+            clock_ms[0] += 1000
+            ssc._clock.advance(1000)
+            ssc._scheduler.wait_for_batch(clock_ms[0], 120)
+        ssc.stop(stopSparkContext=False)
+        if batches == 1:
+            assert ssc._scheduler.recovery.replayed == []
+
+    assert outputs == {1000: [("n", 10)], 2000: "failed", 3000: [("n", 30)], 4000: [("n", 40)]}
+    commit = CheckpointDir(checkpoint).load_log().commits[2000]
+    assert commit["error"] == "OSError: sink unavailable"
