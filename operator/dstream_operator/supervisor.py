@@ -54,6 +54,15 @@ class JobMemory:
     polled_at: float = -math.inf
     wake_at: datetime | None = None  # the last plan asked to be made again then
 
+    def mark_stopped(self, pod: PodFacts, reason: str) -> None:
+        """Remember that the supervisor stopped `pod` or handled its end. Watch events may
+        have moved it meanwhile (a force-deleted pod is already `vanished`): mark it where it
+        is now, or its end would be counted again."""
+        if self.driver is not None and self.driver.uid == pod.uid:
+            self.driver = dataclasses.replace(self.driver, deleting=True, stop_reason=reason)
+        if self.vanished is not None and self.vanished.uid == pod.uid:
+            self.vanished = dataclasses.replace(self.vanished, stop_reason=reason)
+
     def current_status(self) -> JobStatus:
         if self.status is not None:
             return self.status
@@ -271,11 +280,10 @@ class Supervisor:
         job: StreamingJob | None,
         now: datetime,
     ) -> None:
-        if step.stop_driver and memory.driver is not None:
+        driver = memory.driver
+        if step.stop_driver and driver is not None:
             await stop_driver(self.kube, owner, step.stop_driver)
-            memory.driver = dataclasses.replace(
-                memory.driver, deleting=True, stop_reason=step.stop_driver
-            )
+            memory.mark_stopped(driver, step.stop_driver)
         if step.create_driver and job is not None:
             await self.kube.apply(resources.config_map(job, owner))
             pod = resources.driver_pod(

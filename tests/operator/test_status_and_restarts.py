@@ -9,7 +9,7 @@ from dstream_operator import reconcile, restarts, status
 from dstream_operator.main import parse_args
 from dstream_operator.resources import spec_hash
 from dstream_operator.status import JobStatus, PodFacts
-from dstream_operator.supervisor import JobBook
+from dstream_operator.supervisor import JobBook, JobMemory
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -255,3 +255,17 @@ def test_supervisor_wakes_when_a_backoff_ends_before_the_next_tick():
     book.memory(("jobs", "b")).wake_at = NOW + timedelta(seconds=30)
     assert book.seconds_to_wait(5.0, NOW) == 1.5
     assert book.seconds_to_wait(5.0, NOW + timedelta(seconds=2)) == 0.0
+
+
+def test_a_stop_is_remembered_on_a_pod_that_vanished_meanwhile():
+    """A force-deleted driver can be gone (a DELETED event) while the supervisor is still
+    marking it: the mark lands on the vanished pod, whose end is then not counted twice."""
+    memory = JobMemory(driver=facts(phase="Failed"))
+    ended = memory.driver
+    memory.driver, memory.vanished = None, ended  # the DELETED event, during the await
+    memory.mark_stopped(ended, reconcile.STOP_ENDED)
+    assert memory.driver is None and memory.vanished.stop_reason == reconcile.STOP_ENDED
+    memory.vanished = None
+    memory.driver = facts(uid="p2")  # the next driver is not marked
+    memory.mark_stopped(ended, reconcile.STOP_ENDED)
+    assert memory.driver.stop_reason is None
