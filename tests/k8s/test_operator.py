@@ -1,0 +1,769 @@
+"""The operator as it ships (`dstream-operator`, a process of its own) against a real API server.
+
+Watches, schema validation, ownerReferences, garbage collection, graceful pod deletion and the
+status subresource behave differently for real than in kmock; these tests run the operator against
+the local Kubernetes 1.20 control plane (e2e/cluster/local.sh) with the chart's CRDs installed and
+a KopfPeering object in the namespace, as `helm install` leaves them.
+
+What the hollow node (kubemark) does to a driver pod, and so what the tests can see:
+- The pod is scheduled and reaches Running, but nothing executes: the readiness probe on the
+  driver API never passes. The operator reports such a driver as `Starting` (`Recovering` after a
+  restart) with condition DriverReady=False/PodNotReady, exactly as for a driver still replaying
+  its checkpoint. `Running` is shown by patching the pod's Ready condition, which the hollow
+  kubelet reverts within seconds: the operator follows both ways.
+- A crash is simulated by patching the pod's status to Failed with a container exit code; the
+  hollow kubelet keeps that.
+- No executors are ever created (Spark does not run), so ExecutorsReady stays False.
+- The node has one CPU: one driver pod (1 core) at a time, so tests run one job at a time and
+  each one's teardown removes its pods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.k8s.conftest import REPO_ROOT, LocalCluster
+
+pytestmark = pytest.mark.k8s
+
+CHART_CRDS = REPO_ROOT / "helm" / "dstream" / "crds"
+GROUP, VERSION, PLURAL = "dstream.dev", "v1alpha1", "streamingjobs"
+JOB_LABEL = "dstream.dev/job"
+SPEC_HASH = "dstream.dev/spec-hash"
+PEERING = "dstream"  # the chart's default peering name (values.yaml: peering.name)
+
+WAIT_SECONDS = 60.0  # any single expected change; generous for a loaded 2-core machine
+POLL_SECONDS = 0.25
+OPERATOR_START_SECONDS = 60.0
+OPERATOR_STOP_SECONDS = 30.0
+RESTART_SLACK_SECONDS = 3.5  # a backoff ends -> the new driver pod exists (watch + one step)
+
+T = TypeVar("T")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclasses.dataclass
+class OperatorProcess:
+    """`dstream-operator --namespace NS` with the cluster's kubeconfig, in its own session so
+    that it is stopped by its PID only; restartable (a test stops and starts it mid-way)."""
+
+    namespace: str
+    kubeconfig: Path
+    log_path: Path
+    metrics_port: int = dataclasses.field(default_factory=_free_port)
+    liveness_port: int = dataclasses.field(default_factory=_free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        executable = Path(sys.executable).with_name("dstream-operator")
+        command = [
+            str(executable),
+            "--namespace",
+            self.namespace,
+            "--metrics-port",
+            str(self.metrics_port),
+            "--liveness",
+            f"http://127.0.0.1:{self.liveness_port}/healthz",
+        ]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                env=os.environ | {"KUBECONFIG": str(self.kubeconfig)},
+                cwd=self.log_path.parent,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + OPERATOR_START_SECONDS
+        while not self._live():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"dstream-operator exited at start:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"dstream-operator not live in time:\n{self.log_tail()}")
+            time.sleep(POLL_SECONDS)
+
+    def stop(self) -> None:
+        """SIGTERM, so that kopf leaves the peering object cleanly (a killed operator's entry
+        would pause its successor until the entry expires); SIGKILL only if it hangs."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(OPERATOR_STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait(OPERATOR_STOP_SECONDS)
+        self.process = None
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def _live(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.liveness_port}/healthz"
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample of the operator's own /metrics (0 when absent)."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and labels.items() <= sample.labels.items():
+                    return sample.value
+        return 0.0
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The end of the operator's log without kopf's per-event "succeeded" lines."""
+        if not self.log_path.exists():
+            return "(no operator log)"
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join([line for line in text if "' succeeded." not in line][-lines:])
+
+
+@dataclasses.dataclass
+class Harness:
+    """One test's view: the namespace, the operator, and the jobs' objects."""
+
+    cluster: LocalCluster
+    namespace: str
+    operator: OperatorProcess
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return self.cluster.core
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.cluster.api_client)
+
+    def create_job(self, name: str, **spec: Any) -> dict[str, Any]:
+        return self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, job_manifest(name, **spec)
+        )
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, name, {"spec": spec}
+        )
+
+    def job(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def status(self, name: str) -> dict[str, Any]:
+        return (self.job(name) or {}).get("status") or {}
+
+    def delete_job(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def pods(self, job: str) -> list[client.V1Pod]:
+        selector = f"{JOB_LABEL}={job}"
+        return self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+
+    def driver(self, job: str) -> client.V1Pod | None:
+        """The job's driver pod, unless it is on its way out."""
+        name = f"{job}-driver"
+        return next(
+            (
+                p
+                for p in self.pods(job)
+                if p.metadata.name == name and not p.metadata.deletion_timestamp
+            ),
+            None,
+        )
+
+    def patch_pod_status(self, name: str, status: dict[str, Any]) -> None:
+        self.core.patch_namespaced_pod_status(
+            name, self.namespace, {"status": status}, _content_type="application/merge-patch+json"
+        )
+
+    def event_reasons(self, job: str) -> list[str]:
+        events = self.core.list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.name={job}"
+        ).items
+        events.sort(
+            key=lambda e: (e.first_timestamp or e.event_time or datetime.min, e.metadata.name)
+        )
+        return [e.reason for e in events if e.involved_object.kind == "StreamingJob"]
+
+    def wait_for(self, what: str, condition: Callable[[], T], timeout: float = WAIT_SECONDS) -> T:
+        """Poll `condition` until it is truthy; fail saying what did not happen, with the
+        operator's log."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = condition()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"not within {timeout:.0f}s: {what}\n--- operator log ---\n"
+                    f"{self.operator.log_tail()}"
+                )
+            time.sleep(POLL_SECONDS)
+
+    def holds_for(self, what: str, condition: Callable[[], bool], seconds: float) -> None:
+        """Poll `condition` for `seconds`; fail the moment it is false (something that must
+        not happen, e.g. a second driver pod)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            assert condition(), f"{what} stopped holding\n{self.operator.log_tail()}"
+            time.sleep(POLL_SECONDS)
+
+    def phase_is(self, job: str, phase: str) -> Callable[[], dict[str, Any] | None]:
+        """A condition for `wait_for` that returns the status in which the phase was seen."""
+
+        def check() -> dict[str, Any] | None:
+            status = self.status(job)
+            return status if status.get("phase") == phase else None
+
+        return check
+
+    def running_driver(self, job: str) -> client.V1Pod:
+        return self.wait_for(
+            f"{job}: driver pod Running on the hollow node",
+            lambda: (pod := self.driver(job)) and pod.status.phase == "Running" and pod,
+        )
+
+
+def job_manifest(name: str, **spec: Any) -> dict[str, Any]:
+    """A small valid job: one 1-core driver fits the hollow node's single CPU."""
+    base = {
+        "batchInterval": "1s",
+        "app": {"builtin": "wordcount"},
+        "source": {"type": "rate", "rate": {"recordsPerSecond": 100}},
+        "driver": {"cores": 1, "memory": "512m"},
+        "executor": {"instances": 1},
+        "restartPolicy": {"type": "Always", "maxRestarts": 5, "backoffSeconds": 1},
+    }
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "StreamingJob",
+        "metadata": {"name": name},
+        "spec": base | spec,
+    }
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in status.get("conditions", []) if c["type"] == kind)
+
+
+def timestamp(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+def _apply_crd(ext: client.ApiextensionsV1Api, document: dict[str, Any]) -> None:
+    """Create, or replace an older copy left on a long-lived cluster."""
+    name = document["metadata"]["name"]
+    try:
+        ext.create_custom_resource_definition(document)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        current = ext.read_custom_resource_definition(name)
+        document["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition(name, document)
+
+
+def _established(ext: client.ApiextensionsV1Api, name: str) -> bool:
+    conditions = ext.read_custom_resource_definition(name).status.conditions or []
+    return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+
+@pytest.fixture(scope="module")
+def chart_crds(k8s_cluster: LocalCluster) -> list[str]:
+    """The chart's crds/ folder (StreamingJob, and kopf's peering CRDs), as Helm installs it."""
+    ext = client.ApiextensionsV1Api(k8s_cluster.api_client)
+    names = []
+    for path in sorted(CHART_CRDS.glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if document:
+                _apply_crd(ext, document)
+                names.append(document["metadata"]["name"])
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not all(_established(ext, name) for name in names):
+        assert time.monotonic() < deadline, f"CRDs not Established: {names}"
+        time.sleep(POLL_SECONDS)
+    return names
+
+
+@pytest.fixture(scope="module")
+def namespace(k8s_cluster: LocalCluster, chart_crds: list[str]) -> Iterator[str]:
+    """A namespace with the chart's KopfPeering object in it (a namespaced operator with
+    peering stays paused until that object exists)."""
+    name = k8s_cluster.create_namespace(f"dstream-op-{uuid.uuid4().hex[:6]}")
+    peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
+    custom = client.CustomObjectsApi(k8s_cluster.api_client)
+    deadline = time.monotonic() + WAIT_SECONDS
+    while True:  # the peering resource is served a moment after Established
+        try:
+            custom.create_namespaced_custom_object("kopf.dev", "v1", name, "kopfpeerings", peering)
+            break
+        except ApiException as error:
+            if error.status != 404 or time.monotonic() > deadline:
+                raise
+            time.sleep(POLL_SECONDS)
+    try:
+        yield name
+    finally:
+        k8s_cluster.core.delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+def operator_process(
+    k8s_cluster: LocalCluster, namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(
+        namespace=namespace,
+        kubeconfig=k8s_cluster.kubeconfig,
+        log_path=tmp_path_factory.mktemp("operator") / "operator.log",
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def k8s(
+    k8s_cluster: LocalCluster, namespace: str, operator_process: OperatorProcess
+) -> Iterator[Harness]:
+    """The running operator (started again if a test left it stopped); afterwards every job and
+    pod in the namespace is removed, so the next test has the node's one CPU."""
+    if not operator_process.running():
+        operator_process.start()
+    harness = Harness(k8s_cluster, namespace, operator_process)
+    try:
+        yield harness
+        assert operator_process.running(), f"the operator died:\n{operator_process.log_tail()}"
+        assert operator_process.metric("dstream_operator_errors_total") == 0, (
+            f"the operator counted errors:\n{operator_process.log_tail()}"
+        )
+    finally:
+        _remove_jobs(harness)
+
+
+def _remove_jobs(harness: Harness) -> None:
+    custom, core, ns = harness.custom, harness.core, harness.namespace
+    for job in custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]:
+        if job["metadata"].get("finalizers"):  # a cleanup the test did not finish
+            custom.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                ns,
+                PLURAL,
+                job["metadata"]["name"],
+                {"metadata": {"finalizers": None}},
+            )
+        harness.delete_job(job["metadata"]["name"])
+    core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+    harness.wait_for(
+        "no pods and no jobs left",
+        lambda: (
+            not core.list_namespaced_pod(ns).items
+            and not custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+        ),
+    )
+
+
+def test_job_gets_owned_children_and_status_follows_the_driver_pod(k8s: Harness):
+    job = k8s.create_job("children")
+    uid = job["metadata"]["uid"]
+    pod = k8s.running_driver("children")
+
+    owned = {
+        "ServiceAccount": k8s.core.read_namespaced_service_account(
+            "children-driver", k8s.namespace
+        ),
+        "Role": client.RbacAuthorizationV1Api(k8s.cluster.api_client).read_namespaced_role(
+            "children-driver", k8s.namespace
+        ),
+        "RoleBinding": client.RbacAuthorizationV1Api(
+            k8s.cluster.api_client
+        ).read_namespaced_role_binding("children-driver", k8s.namespace),
+        "ConfigMap": k8s.core.read_namespaced_config_map("children-job", k8s.namespace),
+        "Service": k8s.core.read_namespaced_service("children-driver", k8s.namespace),
+        "Pod": pod,
+    }
+    for kind, obj in owned.items():
+        (ref,) = obj.metadata.owner_references
+        assert (ref.kind, ref.name, ref.uid, ref.controller) == (
+            "StreamingJob",
+            "children",
+            uid,
+            True,
+        ), kind
+        assert obj.metadata.labels[JOB_LABEL] == "children", kind
+    assert pod.spec.service_account_name == "children-driver"
+    assert owned["Service"].spec.cluster_ip == "None"
+    manifest = yaml.safe_load(owned["ConfigMap"].data["job.yaml"])
+    assert manifest["spec"]["source"] == job["spec"]["source"]
+
+    # Running but never ready on the hollow node: the driver API's readiness probe cannot pass.
+    status = k8s.wait_for("phase Starting", k8s.phase_is("children", "Starting"))
+    assert status["driverPod"] == "children-driver" and status["observedGeneration"] == 1
+    driver_ready = condition(status, "DriverReady")
+    assert (driver_ready["status"], driver_ready["reason"]) == ("False", "PodNotReady")
+    assert condition(status, "ExecutorsReady")["message"] == "0 of 1 executors ready"
+    assert status["executors"] == {"ready": 0, "desired": 1} and status["restarts"] == 0
+    assert {"SetUp", "DriverCreated"} <= set(k8s.event_reasons("children"))
+
+    running = _see_running_while_ready(k8s, "children")
+    driver_ready = condition(running, "DriverReady")
+    assert (driver_ready["status"], driver_ready["reason"]) == ("True", "PodReady")
+    # the hollow kubelet's failing probe takes readiness away again, and the phase follows
+    status = k8s.wait_for("back to Starting", k8s.phase_is("children", "Starting"))
+    assert condition(status, "DriverReady")["status"] == "False"
+
+
+def _see_running_while_ready(k8s: Harness, job: str) -> dict[str, Any]:
+    """Mark the driver pod Ready the way a passing readiness probe would. The hollow kubelet
+    reverts it within seconds, so try a few times until the operator reported Running."""
+    for _attempt in range(5):
+        pod = k8s.core.read_namespaced_pod(f"{job}-driver", k8s.namespace)
+        conditions = [
+            {
+                "type": c.type,
+                "status": "True" if c.type in ("Ready", "ContainersReady") else c.status,
+            }
+            for c in pod.status.conditions
+        ]
+        k8s.patch_pod_status(pod.metadata.name, {"conditions": conditions})
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            if status := k8s.phase_is(job, "Running")():
+                return status
+            time.sleep(POLL_SECONDS)
+    pytest.fail(
+        f"the operator never reported Running for a Ready driver\n{k8s.operator.log_tail()}"
+    )
+
+
+def test_unschedulable_driver_is_pending_until_a_spec_change_fixes_it(k8s: Harness):
+    k8s.create_job("pending", driver={"cores": 2, "memory": "512m"})  # the node has 1 CPU
+    status = k8s.wait_for("phase Pending", k8s.phase_is("pending", "Pending"))
+    assert condition(status, "DriverReady")["message"] == "driver pod pending-driver is Pending"
+    stuck = k8s.driver("pending")
+    assert stuck is not None and not stuck.spec.node_name
+
+    k8s.patch_spec("pending", {"driver": {"cores": 1, "memory": "512m"}})
+    pod = k8s.running_driver("pending")
+    assert pod.metadata.uid != stuck.metadata.uid
+    assert pod.metadata.annotations[SPEC_HASH] != stuck.metadata.annotations[SPEC_HASH]
+    status = k8s.wait_for("phase Starting", k8s.phase_is("pending", "Starting"))
+    assert status["observedGeneration"] == 2 and status["restarts"] == 0
+    assert "SpecChanged" in k8s.event_reasons("pending")
+
+
+def test_spec_change_restarts_the_driver_and_operator_only_fields_do_not(k8s: Harness):
+    k8s.create_job("upgrade")
+    first = k8s.running_driver("upgrade")
+
+    k8s.patch_spec("upgrade", {"restartPolicy": {"maxRestarts": 7}})  # read by the operator only
+    k8s.wait_for(
+        "observedGeneration 2", lambda: k8s.status("upgrade").get("observedGeneration") == 2
+    )
+    k8s.holds_for(
+        "the same driver pod",
+        lambda: (
+            (pod := k8s.driver("upgrade")) is not None and pod.metadata.uid == first.metadata.uid
+        ),
+        seconds=3,
+    )
+
+    k8s.patch_spec("upgrade", {"source": {"type": "rate", "rate": {"recordsPerSecond": 500}}})
+    second = k8s.wait_for(
+        "a new driver pod for the new spec",
+        lambda: (pod := k8s.driver("upgrade")) and pod.metadata.uid != first.metadata.uid and pod,
+    )
+    assert second.metadata.annotations[SPEC_HASH] != first.metadata.annotations[SPEC_HASH]
+    config = k8s.core.read_namespaced_config_map("upgrade-job", k8s.namespace)
+    assert (
+        yaml.safe_load(config.data["job.yaml"])["spec"]["source"]["rate"]["recordsPerSecond"] == 500
+    )
+    status = k8s.wait_for("phase Starting", k8s.phase_is("upgrade", "Starting"))
+    assert status["observedGeneration"] == 3 and status["restarts"] == 0  # an upgrade, not a loss
+    reasons = k8s.event_reasons("upgrade")
+    assert "Restarting" in reasons and "DriverLost" not in reasons
+    assert len([p for p in k8s.pods("upgrade") if not p.metadata.deletion_timestamp]) == 1
+
+
+def _lose_driver_and_see_it_replaced(
+    k8s: Harness,
+    job: str,
+    lose: Callable[[Harness, client.V1Pod], None],
+    restarts: int,
+    backoff: int,
+) -> client.V1Pod:
+    """Lose the driver; the restart is counted once, planned `backoff` seconds after the
+    operator noticed, and the next driver pod appears when (not before) that time comes."""
+    old = k8s.running_driver(job)
+    lost_at = time.time()
+    lose(k8s, old)
+    status = k8s.wait_for(
+        f"restarts == {restarts}", lambda: (s := k8s.status(job)).get("restarts") == restarts and s
+    )
+    assert status["phase"] == "Recovering"
+    assert f"restart {restarts}/" in status["message"] and f"in {backoff}s" in status["message"]
+    due = timestamp(status["nextRestartTime"])
+    assert lost_at + backoff - 0.5 <= due <= lost_at + backoff + RESTART_SLACK_SECONDS
+
+    # the next driver has the same name: it can only be created once the old pod is gone
+    k8s.wait_for(
+        "the old driver pod gone",
+        lambda: all(p.metadata.uid != old.metadata.uid for p in k8s.pods(job)),
+    )
+    gone_at = time.time()
+    new = k8s.wait_for(
+        "the next driver pod",
+        lambda: (pod := k8s.driver(job)) and pod,
+        timeout=backoff + WAIT_SECONDS,
+    )
+    seen_at = time.time()
+    created = new.metadata.creation_timestamp.timestamp()  # whole seconds, rounded down
+    assert created >= math.floor(due), "the driver was replaced before its backoff ended"
+    assert seen_at <= max(due, gone_at) + RESTART_SLACK_SECONDS, "the restart came late"
+    assert k8s.status(job)["restarts"] == restarts  # counted once, however many events it made
+    assert (
+        k8s.operator.metric(
+            "dstream_operator_driver_restarts_total", namespace=k8s.namespace, job=job
+        )
+        == restarts
+    )
+    return new
+
+
+def delete_pod(k8s: Harness, pod: client.V1Pod) -> None:
+    """`kubectl delete pod`: graceful; the kubelet ends the pod before it goes."""
+    k8s.core.delete_namespaced_pod(pod.metadata.name, k8s.namespace)
+
+
+def crash_pod(k8s: Harness, pod: client.V1Pod) -> None:
+    """The driver process exits with an error (the hollow kubelet keeps a Failed phase)."""
+    terminated = {"exitCode": 3, "reason": "Error", "message": "simulated crash"}
+    container = {
+        "name": "driver",
+        "image": pod.spec.containers[0].image,
+        "imageID": "",
+        "ready": False,
+        "restartCount": 0,
+        "state": {"terminated": terminated},
+    }
+    k8s.patch_pod_status(pod.metadata.name, {"phase": "Failed", "containerStatuses": [container]})
+
+
+def vanish_pod(k8s: Harness, pod: client.V1Pod) -> None:
+    """A node lost with its pods: gone at once, never seen ending."""
+    k8s.core.delete_namespaced_pod(pod.metadata.name, k8s.namespace, grace_period_seconds=0)
+
+
+def test_lost_drivers_are_replaced_with_backoff_until_max_restarts(k8s: Harness):
+    k8s.create_job(
+        "crashy",
+        restartPolicy={
+            "type": "Always",
+            "maxRestarts": 3,
+            "backoffSeconds": 2,
+            "maxBackoffSeconds": 3,
+        },
+    )
+
+    _lose_driver_and_see_it_replaced(k8s, "crashy", delete_pod, restarts=1, backoff=2)
+    _lose_driver_and_see_it_replaced(k8s, "crashy", crash_pod, restarts=2, backoff=3)  # 4, capped
+    lost = k8s.core.list_namespaced_event(
+        k8s.namespace, field_selector="involvedObject.name=crashy,reason=DriverLost"
+    ).items
+    assert any("exit code 3: simulated crash" in event.message for event in lost)
+    _lose_driver_and_see_it_replaced(k8s, "crashy", vanish_pod, restarts=3, backoff=3)
+
+    vanish_pod(k8s, k8s.running_driver("crashy"))
+    status = k8s.wait_for("phase Failed", k8s.phase_is("crashy", "Failed"))
+    assert "maxRestarts (3) reached" in status["message"] and status["restarts"] == 3
+    assert "nextRestartTime" not in status
+    assert condition(status, "DriverReady")["reason"] == "NoDriverPod"
+    assert "JobFailed" in k8s.event_reasons("crashy")
+    k8s.holds_for("no new driver for a Failed job", lambda: not k8s.pods("crashy"), seconds=3)
+
+
+CHECKPOINT_VOLUME = {"name": "state", "mountPath": "/state", "hostPath": {"path": "/srv/dstream"}}
+
+
+def test_suspend_keeps_the_checkpoint_and_resume_starts_a_driver(k8s: Harness):
+    k8s.create_job(
+        "pausable",
+        volumes=[CHECKPOINT_VOLUME],
+        checkpoint={"path": "/state/pausable", "deleteOnJobDeletion": True},
+    )
+    first = k8s.running_driver("pausable")
+
+    k8s.patch_spec("pausable", {"suspend": True})
+    status = k8s.wait_for("phase Suspended", k8s.phase_is("pausable", "Suspended"))
+    assert "checkpoint is kept" in status["message"]
+    k8s.wait_for("the driver pod gone", lambda: not k8s.pods("pausable"))
+    status = k8s.status("pausable")
+    assert status["phase"] == "Suspended" and status["restarts"] == 0 and "driverPod" not in status
+    assert "Suspending" in k8s.event_reasons("pausable")
+    # the checkpoint is only ever deleted by a cleanup pod, on job deletion
+    k8s.holds_for("no driver and no cleanup pod", lambda: not k8s.pods("pausable"), seconds=3)
+
+    k8s.patch_spec("pausable", {"suspend": False})
+    resumed = k8s.running_driver("pausable")
+    assert resumed.metadata.uid != first.metadata.uid
+    assert resumed.metadata.annotations[SPEC_HASH] == first.metadata.annotations[SPEC_HASH]
+    status = k8s.wait_for("phase Starting", k8s.phase_is("pausable", "Starting"))
+    assert status["restarts"] == 0
+
+    # asked for: deleting the job stops the driver, then a pod deletes the checkpoint
+    k8s.delete_job("pausable")
+    cleanup = k8s.wait_for(
+        "a checkpoint cleanup pod",
+        lambda: (
+            k8s.core.list_namespaced_pod(
+                k8s.namespace, field_selector="metadata.name=pausable-checkpoint-cleanup"
+            ).items
+        ),
+    )[0]
+    assert cleanup.spec.containers[0].command == ["rm", "-rf", "--", "/state/pausable"]
+    assert k8s.driver("pausable") is None
+    assert k8s.job("pausable") is not None  # held by the finalizer until the cleanup ends
+    k8s.wait_for(
+        "the cleanup pod Running",
+        lambda: (
+            k8s.core.read_namespaced_pod(cleanup.metadata.name, k8s.namespace).status.phase
+            == "Running"
+        ),
+    )
+    k8s.patch_pod_status(cleanup.metadata.name, {"phase": "Succeeded"})  # nothing runs here
+    k8s.wait_for("the job gone", lambda: k8s.job("pausable") is None)
+    k8s.wait_for("its pods gone", lambda: not k8s.pods("pausable"))
+
+
+def test_deleting_a_job_garbage_collects_everything_it_owns(k8s: Harness):
+    k8s.create_job("doomed")
+    k8s.running_driver("doomed")
+    rbac = client.RbacAuthorizationV1Api(k8s.cluster.api_client)
+    selector = f"{JOB_LABEL}=doomed"
+
+    def owned() -> dict[str, int]:
+        ns = k8s.namespace
+        listed = {
+            "ServiceAccount": k8s.core.list_namespaced_service_account(ns, label_selector=selector),
+            "Role": rbac.list_namespaced_role(ns, label_selector=selector),
+            "RoleBinding": rbac.list_namespaced_role_binding(ns, label_selector=selector),
+            "ConfigMap": k8s.core.list_namespaced_config_map(ns, label_selector=selector),
+            "Service": k8s.core.list_namespaced_service(ns, label_selector=selector),
+            "Pod": k8s.core.list_namespaced_pod(ns, label_selector=selector),
+        }
+        return {kind: len(result.items) for kind, result in listed.items() if result.items}
+
+    assert owned() == {
+        kind: 1 for kind in ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Pod")
+    }
+    job = k8s.job("doomed")
+    assert not job["metadata"].get("finalizers")  # no checkpoint to delete: no finalizer
+    k8s.delete_job("doomed")
+    k8s.wait_for("the job gone", lambda: k8s.job("doomed") is None, timeout=10)
+    k8s.wait_for("the garbage collector removed its objects", lambda: not owned())
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"batchInterval": "fast"}, "spec.batchInterval"),
+        ({"executor": {"instances": 0}}, "spec.executor.instances"),
+        ({"source": {"type": "carrier-pigeon"}}, "spec.source.type"),
+        ({"restartPolicy": {"type": "Sometimes"}}, "spec.restartPolicy.type"),
+        ({"app": None}, "spec.app"),
+    ],
+)
+def test_invalid_job_is_rejected_by_the_api_servers_schema(k8s: Harness, spec, field):
+    manifest = job_manifest("invalid", **spec)
+    manifest["spec"] = {k: v for k, v in manifest["spec"].items() if v is not None}
+    with pytest.raises(ApiException) as rejected:
+        k8s.custom.create_namespaced_custom_object(GROUP, VERSION, k8s.namespace, PLURAL, manifest)
+    assert rejected.value.status == 422
+    assert field in rejected.value.body
+    assert k8s.job("invalid") is None
+
+
+def test_a_restarted_operator_adopts_its_jobs_without_a_second_driver(k8s: Harness):
+    k8s.create_job("adopted")
+    pod = k8s.running_driver("adopted")
+    k8s.wait_for("phase Starting", k8s.phase_is("adopted", "Starting"))
+
+    k8s.operator.stop()
+    # while it is down: an operator-only change that it must still notice
+    k8s.patch_spec(
+        "adopted", {"restartPolicy": {"type": "Always", "maxRestarts": 4, "backoffSeconds": 1}}
+    )
+    k8s.operator.start()
+
+    k8s.wait_for(
+        "observedGeneration 2", lambda: k8s.status("adopted").get("observedGeneration") == 2
+    )
+    k8s.wait_for(
+        "the new operator has supervised the job a few times",
+        lambda: (
+            k8s.operator.metric("dstream_operator_reconciliations_total", handler="supervise") >= 3
+        ),
+    )
+    assert k8s.operator.metric("dstream_operator_jobs", phase="Starting") == 1
+    k8s.holds_for(
+        "the one driver pod, adopted",
+        lambda: [p.metadata.uid for p in k8s.pods("adopted")] == [pod.metadata.uid],
+        seconds=3,
+    )
+    assert k8s.status("adopted")["restarts"] == 0
+
+    k8s.operator.stop()
+    crash_pod(k8s, pod)  # while it is down: seen once it is back, counted once
+    k8s.operator.start()
+    replacement = k8s.wait_for(
+        "a replacement driver",
+        lambda: (new := k8s.driver("adopted")) and new.metadata.uid != pod.metadata.uid and new,
+    )
+    k8s.holds_for(
+        "one restart, one driver pod",
+        lambda: (
+            k8s.status("adopted")["restarts"] == 1
+            and [p.metadata.uid for p in k8s.pods("adopted")] == [replacement.metadata.uid]
+        ),
+        seconds=3,
+    )
