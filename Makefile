@@ -30,6 +30,10 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -ra -m "not k8s and not slow"
 
+# Chaos end-to-end on the offline cluster with a real node (e2e/README.md; kind: bash e2e/kind.sh).
+e2e: setup
+	bash e2e/offline.sh
+
 # Benchmarks against pyspark.streaming and Structured Streaming (bench/README.md).
 BENCH_STAMP := $(VENV)/.bench-stamp
 

@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the API server URL for drivers (chart operator.apiServer; default: the chart's)",
     )
     parser.add_argument("--driver-host", choices=["service", "pod-ip"], default="pod-ip")
-    parser.add_argument("--batch-seconds", type=int, default=4)
+    parser.add_argument("--batch-seconds", type=int, default=6)
     parser.add_argument("--rate", type=int, default=100, help="records per second")
     parser.add_argument("--executor-kills", type=int, default=3)
     parser.add_argument("--driver-kills", type=int, default=1)
@@ -134,7 +134,7 @@ def make_storage(args: argparse.Namespace, cluster: Cluster) -> Storage:
 def run_faults(chaos: Chaos, args: argparse.Namespace) -> None:
     say("waiting for the job to run (phase Running, executors ready, a batch committed)")
     chaos.wait_until_running(900)
-    chaos.measure_baseline(5, 300)
+    chaos.measure_baseline(5, 600)
     for n in range(args.executor_kills):
         say(f"executor loss {n + 1}/{args.executor_kills}")
         chaos.lose_executor(300)

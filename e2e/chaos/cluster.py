@@ -86,10 +86,9 @@ class Cluster:
             raise RuntimeError(f"{' '.join(command)}: {done.stderr.decode(errors='replace')}")
         return done.stdout
 
-    def apply(self, objects: list[dict[str, Any]], namespace: str | None = None) -> None:
-        """`kubectl apply`; namespaced objects without a namespace go to `namespace`."""
-        where = ["--namespace", namespace] if namespace else []
-        self.run_kubectl("apply", *where, "-f", "-", stdin=yaml.safe_dump_all(objects).encode())
+    def apply(self, objects: list[dict[str, Any]]) -> None:
+        """`kubectl apply` (namespaced objects name their namespace)."""
+        self.run_kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(objects).encode())
 
     def delete(self, objects: list[dict[str, Any]]) -> None:
         """Delete without waiting (the garbage collector takes the dependents)."""
@@ -182,7 +181,7 @@ def install_operator(
     for crd in crds:
         name = crd["metadata"]["name"]
         wait_for(f"CRD {name} established", lambda n=name: cluster.crd_established(n), 60)
-    cluster.apply(objects, namespace)
+    cluster.apply(objects)
     wait_for(
         f"the operator pod in {namespace} ready",
         lambda: any(pod_ready(p) for p in cluster.pods(namespace, operator_selector(release))),

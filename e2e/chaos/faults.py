@@ -90,7 +90,20 @@ class Chaos:
         )
 
     def measure_baseline(self, batches: int, timeout_s: float) -> None:
-        """The median delay of `batches` consecutive fault-free batches."""
+        """The median delay of `batches` consecutive fault-free batches, once the job has caught
+        up with the backlog of its start (a batch committed within two intervals)."""
+        caught_up = 2 * self.target.batch_s
+
+        def on_schedule() -> bool:
+            snapshot = self.snapshot()
+            return any(snapshot.delay(t) <= caught_up for t in snapshot.commits)
+
+        wait_for(
+            f"the job to catch up (a batch delay of at most {caught_up:.0f} s; if this fails, the "
+            "machine is too slow for the batch interval: raise --batch-seconds)",
+            on_schedule,
+            timeout_s,
+        )
         started = time.time()
 
         def enough() -> list[int] | None:

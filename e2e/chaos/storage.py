@@ -12,7 +12,8 @@ import io
 import re
 import shutil
 import tarfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,16 +56,27 @@ class Storage(Protocol):
 
 @dataclass
 class HostPathStorage:
-    node_path: str  # the hostPath on the node
-    local_path: Path  # the same directory as this process sees it
+    """A fresh `run-<epoch>` directory under the given root per run: the pods write as uid 185,
+    so a user without root may be unable to empty an earlier run's directory (it is removed when
+    possible)."""
+
+    node_root: str  # the hostPath directory on the node
+    local_root: Path  # the same directory as this process sees it
+    run: str = field(default_factory=lambda: f"run-{int(time.time())}")
+
+    @property
+    def local_path(self) -> Path:
+        return self.local_root / self.run
 
     def volume(self) -> dict[str, Any]:
-        return {"name": VOLUME, "mountPath": MOUNT, "hostPath": {"path": self.node_path}}
+        path = f"{self.node_root.rstrip('/')}/{self.run}"
+        return {"name": VOLUME, "mountPath": MOUNT, "hostPath": {"path": path}}
 
     def prepare(self) -> None:
-        if self.local_path.exists():
-            shutil.rmtree(self.local_path)
-        self.local_path.mkdir(parents=True)
+        self.local_root.mkdir(parents=True, exist_ok=True)
+        for earlier in self.local_root.glob("run-*"):
+            shutil.rmtree(earlier, ignore_errors=True)
+        self.local_path.mkdir()
         self.local_path.chmod(0o777)
 
     def log_entries(self) -> dict[str, LogEntry]:
@@ -114,7 +126,7 @@ class ClaimStorage:
         }
 
     def prepare(self) -> None:
-        self.cluster.apply([self._claim(), self._reader_pod()], self.namespace)
+        self.cluster.apply([self._claim(), self._reader_pod()])
         wait_for(
             f"pod {self.reader} (mounting claim {self.claim}) ready",
             lambda: any(pod_ready(p) for p in self._reader_pods()),

@@ -760,6 +760,11 @@ cmd_down() {
 cmd_env() {
   echo "export KUBECONFIG=${STATE_DIR}/admin.kubeconfig"
   echo "export PATH=${BIN_DIR}:\$PATH"
+  if [[ "${NODE_KIND}" == real ]]; then
+    # ctr and e2e/image/load.sh: the real node's containerd
+    echo "export CONTAINERD_ADDRESS=$(containerd_socket)"
+    echo "export CONTAINERD_NAMESPACE=k8s.io"
+  fi
 }
 
 cmd_status() {
