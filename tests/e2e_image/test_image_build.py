@@ -1,0 +1,106 @@
+"""The project's image, built offline from the repository's Dockerfile (e2e/image/build.sh), works
+without Kubernetes: its docker-archive names dstream:e2e, and unpacked and started the way a
+container runtime starts it (entrypoint, env, workdir, non-root user) it imports the project,
+validates the example job, runs it on local Spark, and starts Spark's Kubernetes executor backend
+for the `executor` argument. If containerd is installed, the archive also loads into it
+(e2e/image/load.sh, the same script a real kubelet node uses)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import subprocess
+import tarfile
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.image]
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+LOAD_SH = REPO_ROOT / "e2e" / "image" / "load.sh"
+SPARK_USER = "185"
+
+
+def test_archive_is_a_docker_archive_tagged_dstream_e2e(image_tarball):
+    with tarfile.open(image_tarball) as archive:
+        manifest = json.load(archive.extractfile("manifest.json"))
+        config = json.load(archive.extractfile(manifest[0]["Config"]))
+    assert "docker.io/library/dstream:e2e" in manifest[0]["RepoTags"]
+    assert len(config["rootfs"]["diff_ids"]) == len(manifest[0]["Layers"])
+    assert config["config"]["User"] == SPARK_USER
+    assert config["config"]["Entrypoint"] == [
+        "/usr/bin/tini",
+        "--",
+        "/usr/local/bin/dstream-entrypoint",
+    ]
+
+
+def test_project_imports_as_the_non_root_user(image):
+    result = image.run(
+        "python",
+        "-c",
+        "import os, pyspark, dstream, dstream_api, dstream_operator;"
+        "print(os.getuid(), os.getgid(), pyspark.__version__)",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [SPARK_USER, SPARK_USER, "4.0.1"]
+
+
+def test_validates_the_example_job(image):
+    result = image.run("dstream", "validate", "examples/wordcount.yaml")
+    assert result.returncode == 0, result.stderr
+    assert "valid StreamingJob 'wordcount'" in result.stdout
+
+
+def test_java_is_debians_openjdk_17(image):
+    result = image.run("java", "-version")
+    assert result.returncode == 0, result.stderr
+    assert 'version "17.' in result.stderr
+
+
+def test_executor_argument_starts_the_kubernetes_executor_backend(image):
+    """No driver listens at the URL, so the JVM exits once it fails to connect: far enough to
+    show that the entrypoint found Java and Spark's jars and started the right class as spark."""
+    env = {
+        "SPARK_EXECUTOR_MEMORY": "512m",
+        "SPARK_DRIVER_URL": "spark://CoarseGrainedScheduler@127.0.0.1:9",
+        "SPARK_EXECUTOR_ID": "1",
+        "SPARK_EXECUTOR_CORES": "1",
+        "SPARK_APPLICATION_ID": "spark-image-test",
+        "SPARK_EXECUTOR_POD_IP": "127.0.0.1",
+        "SPARK_RESOURCE_PROFILE_ID": "0",
+        "SPARK_EXECUTOR_POD_NAME": "image-test-exec-1",
+    }
+    result = image.run("executor", env=env, timeout=240)
+    assert "KubernetesExecutorBackend: Started daemon" in result.stderr, result.stderr
+    assert "Changing view acls to: spark" in result.stderr
+    assert "Failed to connect to /127.0.0.1:9" in result.stderr
+    assert result.returncode != 0
+
+
+def test_runs_the_example_job_on_local_spark(image):
+    result = image.run(
+        "dstream", "run", "examples/wordcount.yaml",
+        "--duration", "10", "--port", "0", "--checkpoint", "/tmp/checkpoint",
+        env={"SPARK_LOCAL_IP": "127.0.0.1"},
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    batches = [line for line in result.stdout.splitlines() if line.startswith("batch ")]
+    assert batches and "records" in batches[0], result.stdout
+    assert "dstream: job wordcount stopped" in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("containerd") is None, reason="containerd is not installed")
+def test_archive_loads_into_containerd(image_tarball, tmp_path):
+    result = subprocess.run(
+        ["bash", str(LOAD_SH), "--standalone", str(image_tarball)],
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "docker.io/library/dstream:e2e" in result.stdout
