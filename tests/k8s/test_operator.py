@@ -1,9 +1,10 @@
 """The operator as it ships (`dstream-operator`, a process of its own) against a real API server.
 
-Watches, schema validation, ownerReferences, garbage collection, graceful pod deletion and the
-status subresource behave differently for real than in kmock; these tests run the operator against
-the local Kubernetes 1.20 control plane (e2e/cluster/local.sh) with the chart's CRDs installed and
-a KopfPeering object in the namespace, as `helm install` leaves them.
+Watches, schema validation, ownerReferences, garbage collection, graceful pod deletion, RBAC and
+the status subresource behave differently for real than in kmock; these tests run the operator
+against the local Kubernetes 1.20 control plane (e2e/cluster/local.sh) as `helm install` would:
+the chart's CRDs, its ServiceAccount with its ClusterRole, its KopfPeering object, and the
+arguments of its Deployment (only the process runs on this machine instead of in a pod).
 
 What the hollow node (kubemark) does to a driver pod, and so what the tests can see:
 - The pod is scheduled and reaches Running, but nothing executes: the readiness probe on the
@@ -20,6 +21,7 @@ What the hollow node (kubemark) does to a driver pod, and so what the tests can 
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import math
 import os
@@ -35,6 +37,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+import helm_python as helm
 import pytest
 import yaml
 from kubernetes import client
@@ -45,11 +48,11 @@ from tests.k8s.conftest import REPO_ROOT, LocalCluster
 
 pytestmark = pytest.mark.k8s
 
-CHART_CRDS = REPO_ROOT / "helm" / "dstream" / "crds"
+CHART = REPO_ROOT / "helm" / "dstream"
+CHART_CRDS = CHART / "crds"
 GROUP, VERSION, PLURAL = "dstream.dev", "v1alpha1", "streamingjobs"
 JOB_LABEL = "dstream.dev/job"
 SPEC_HASH = "dstream.dev/spec-hash"
-PEERING = "dstream"  # the chart's default peering name (values.yaml: peering.name)
 
 WAIT_SECONDS = 60.0  # any single expected change; generous for a loaded 2-core machine
 POLL_SECONDS = 0.25
@@ -68,10 +71,11 @@ def _free_port() -> int:
 
 @dataclasses.dataclass
 class OperatorProcess:
-    """`dstream-operator --namespace NS` with the cluster's kubeconfig, in its own session so
-    that it is stopped by its PID only; restartable (a test stops and starts it mid-way)."""
+    """`dstream-operator` with the chart Deployment's arguments and a kubeconfig for the chart's
+    ServiceAccount, in its own session so that it is stopped by its PID only; restartable (a
+    test stops and starts it mid-way). Liveness and metrics listen on free loopback ports."""
 
-    namespace: str
+    args: list[str]
     kubeconfig: Path
     log_path: Path
     metrics_port: int = dataclasses.field(default_factory=_free_port)
@@ -80,14 +84,12 @@ class OperatorProcess:
 
     def start(self) -> None:
         executable = Path(sys.executable).with_name("dstream-operator")
+        ports = ("--liveness", "--metrics-port")
         command = [
             str(executable),
-            "--namespace",
-            self.namespace,
-            "--metrics-port",
-            str(self.metrics_port),
-            "--liveness",
-            f"http://127.0.0.1:{self.liveness_port}/healthz",
+            *(arg for arg in self.args if not arg.startswith(ports)),
+            f"--metrics-port={self.metrics_port}",
+            f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
         ]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
@@ -325,33 +327,109 @@ def chart_crds(k8s_cluster: LocalCluster) -> list[str]:
 
 @pytest.fixture(scope="module")
 def namespace(k8s_cluster: LocalCluster, chart_crds: list[str]) -> Iterator[str]:
-    """A namespace with the chart's KopfPeering object in it (a namespaced operator with
-    peering stays paused until that object exists)."""
     name = k8s_cluster.create_namespace(f"dstream-op-{uuid.uuid4().hex[:6]}")
-    peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
-    custom = client.CustomObjectsApi(k8s_cluster.api_client)
-    deadline = time.monotonic() + WAIT_SECONDS
-    while True:  # the peering resource is served a moment after Established
-        try:
-            custom.create_namespaced_custom_object("kopf.dev", "v1", name, "kopfpeerings", peering)
-            break
-        except ApiException as error:
-            if error.status != 404 or time.monotonic() > deadline:
-                raise
-            time.sleep(POLL_SECONDS)
     try:
         yield name
     finally:
         k8s_cluster.core.delete_namespace(name)
 
 
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """What the operator runs with after `helm install`: its Deployment's arguments, and a
+    kubeconfig with its ServiceAccount's token (so the chart's ClusterRole is what it may do)."""
+
+    args: list[str]
+    kubeconfig: Path
+
+
+def render_chart(release: str, namespace: str) -> dict[str, dict[str, Any]]:
+    """The chart's templates for `helm install RELEASE -n NS --set watchNamespaces={NS}`."""
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(
+            {"watchNamespaces": [namespace]}, name=release, namespace=namespace
+        )
+    documents = [
+        document
+        for name, text in manifests.items()
+        if name.endswith(".yaml")
+        for document in yaml.safe_load_all(text)
+        if document
+    ]
+    return {document["kind"]: document for document in documents}
+
+
+def _create_when_served(create: Callable[[], Any]) -> None:
+    """A CRD's resource is served a moment after it is Established: retry 404s."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while True:
+        try:
+            create()
+            return
+        except ApiException as error:
+            if error.status != 404 or time.monotonic() > deadline:
+                raise
+            time.sleep(POLL_SECONDS)
+
+
+def _service_account_token(core: client.CoreV1Api, namespace: str, name: str) -> str:
+    """Kubernetes 1.20 puts a ServiceAccount's token in a Secret it creates shortly after."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not (secrets := core.read_namespaced_service_account(name, namespace).secrets):
+        assert time.monotonic() < deadline, f"no token for ServiceAccount {name}"
+        time.sleep(POLL_SECONDS)
+    secret = core.read_namespaced_secret(secrets[0].name, namespace)
+    return base64.b64decode(secret.data["token"]).decode()
+
+
+@pytest.fixture(scope="module")
+def chart_release(
+    k8s_cluster: LocalCluster, namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Release]:
+    """The chart's ServiceAccount, ClusterRole, ClusterRoleBinding and KopfPeering (a namespaced
+    operator with peering stays paused until that object exists); the cluster-wide ones are
+    named after the namespace and deleted afterwards."""
+    objects = render_chart(release=namespace, namespace=namespace)
+    core = k8s_cluster.core
+    rbac = client.RbacAuthorizationV1Api(k8s_cluster.api_client)
+    custom = client.CustomObjectsApi(k8s_cluster.api_client)
+    account, role, binding = (
+        objects["ServiceAccount"],
+        objects["ClusterRole"],
+        objects["ClusterRoleBinding"],
+    )
+    core.create_namespaced_service_account(namespace, account)
+    rbac.create_cluster_role(role)
+    rbac.create_cluster_role_binding(binding)
+    peering = objects["KopfPeering"]
+    _create_when_served(
+        lambda: custom.create_namespaced_custom_object(
+            "kopf.dev", "v1", namespace, "kopfpeerings", peering
+        )
+    )
+    try:
+        token = _service_account_token(core, namespace, account["metadata"]["name"])
+        kubeconfig = yaml.safe_load(k8s_cluster.kubeconfig.read_text())
+        kubeconfig["users"] = [{"name": "operator", "user": {"token": token}}]
+        for context in kubeconfig["contexts"]:
+            context["context"]["user"] = "operator"
+        path = tmp_path_factory.mktemp("release") / "operator.kubeconfig"
+        path.write_text(yaml.safe_dump(kubeconfig))
+        container = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+        assert container["command"] == ["dstream-operator"]
+        yield Release(args=container["args"], kubeconfig=path)
+    finally:
+        rbac.delete_cluster_role_binding(binding["metadata"]["name"])
+        rbac.delete_cluster_role(role["metadata"]["name"])
+
+
 @pytest.fixture(scope="module")
 def operator_process(
-    k8s_cluster: LocalCluster, namespace: str, tmp_path_factory: pytest.TempPathFactory
+    chart_release: Release, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     process = OperatorProcess(
-        namespace=namespace,
-        kubeconfig=k8s_cluster.kubeconfig,
+        args=chart_release.args,
+        kubeconfig=chart_release.kubeconfig,
         log_path=tmp_path_factory.mktemp("operator") / "operator.log",
     )
     process.start()
@@ -767,3 +845,33 @@ def test_a_restarted_operator_adopts_its_jobs_without_a_second_driver(k8s: Harne
         ),
         seconds=3,
     )
+
+
+def test_a_job_deleted_and_created_again_starts_afresh(k8s: Harness):
+    """`kubectl delete` then `kubectl apply` of the same name: the old driver, still being
+    garbage-collected, is no driver of the new job, and its end is no restart."""
+    k8s.create_job("again")
+    old = k8s.running_driver("again")
+    k8s.delete_job("again")
+    k8s.wait_for("the old job gone", lambda: k8s.job("again") is None)
+    uid = k8s.create_job("again")["metadata"]["uid"]
+    assert old.metadata.uid in [p.metadata.uid for p in k8s.pods("again")], "GC was too quick"
+
+    new = k8s.wait_for(
+        "the new job's driver",
+        lambda: (pod := k8s.driver("again")) and pod.metadata.uid != old.metadata.uid and pod,
+    )
+    assert new.metadata.owner_references[0].uid == uid
+    status = k8s.wait_for("phase Starting", k8s.phase_is("again", "Starting"))
+    assert status["restarts"] == 0 and "DriverLost" not in k8s.event_reasons("again")
+    rbac = client.RbacAuthorizationV1Api(k8s.cluster.api_client)
+    ns, name = k8s.namespace, "again-driver"
+    children = {
+        "ServiceAccount": lambda: k8s.core.read_namespaced_service_account(name, ns),
+        "Role": lambda: rbac.read_namespaced_role(name, ns),
+        "RoleBinding": lambda: rbac.read_namespaced_role_binding(name, ns),
+        "ConfigMap": lambda: k8s.core.read_namespaced_config_map("again-job", ns),
+        "Service": lambda: k8s.core.read_namespaced_service(name, ns),
+    }
+    for kind, read in children.items():
+        assert read().metadata.owner_references[0].uid == uid, kind
