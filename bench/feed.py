@@ -18,10 +18,31 @@ would (a pool lookup, no per-record randomness):
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from dstream import textgen
+TEXTGEN = Path(__file__).resolve().parent.parent / "driver" / "dstream" / "textgen.py"
+
+
+def load_textgen() -> ModuleType:
+    """dstream.textgen loaded on its own, not through the dstream package: importing the engine
+    changes how a Python worker runs its tasks (dstream.zipcache), and the peers' workers must
+    stay as their users have them. textgen itself imports only the standard library."""
+    module = sys.modules.get("bench_textgen")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("bench_textgen", TEXTGEN)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bench_textgen"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+textgen = load_textgen()
 
 _MASK64 = (1 << 64) - 1
 
@@ -41,8 +62,9 @@ def slice_lines(seed: int, record_bytes: int) -> Any:
     """The task function that turns slices into lines, as RateInputDStream's tasks do."""
 
     def generate(_split: int, items: Iterator[tuple[int, int, int]]) -> Iterator[str]:
+        lines = load_textgen().lines  # not the module: cloudpickle would import it by name
         for partition, start, end in items:
-            yield from textgen.lines(seed, record_bytes, partition, start, end)
+            yield from lines(seed, record_bytes, partition, start, end)
 
     return generate
 

@@ -28,6 +28,20 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
 
+def previous_rates() -> dict[str, dict[str, int]]:
+    """{system: {workload: rate}} from the newest committed full run, to start searches near."""
+    found = sorted(RESULTS.glob("*.json"))
+    if not found:
+        return {}
+    table = json.loads(found[-1].read_text()).get("table", {})
+    rates: dict[str, dict[str, int]] = {}
+    for workload, systems in table.items():
+        for system, row in systems.items():
+            if row.get("rate"):
+                rates.setdefault(system, {})[workload] = int(row["rate"])
+    return rates
+
+
 def run_worker(system: str, plan: str, workloads: list[str], extra: list[str]) -> dict[str, Any]:
     """One system's worker process; returns its events and the memory peaks per phase."""
     command = [
@@ -163,7 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     wait = args.quiet_wait if args.quiet_wait is not None else (0 if args.quick else 900)
     load_before = wait_for_quiet(2.5, wait)
     started = time.time()
-    runs = {system: run_worker(system, plan, workloads, []) for system in systems}
+    priors = previous_rates()
+    runs = {
+        system: run_worker(
+            system, plan, workloads, ["--start-rates", json.dumps(priors.get(system, {}))]
+        )
+        for system in systems
+    }
     table = summarize(runs)
     machine = describe_machine()
     machine["load_before"] = load_before
