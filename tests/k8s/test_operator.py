@@ -17,6 +17,15 @@ What the hollow node (kubemark) does to a driver pod, and so what the tests can 
 - No executors are ever created (Spark does not run), so ExecutorsReady stays False.
 - The node has one CPU: one driver pod (1 core) at a time, so tests run one job at a time and
   each one's teardown removes its pods.
+- Graceful deletion of a Running pod takes the hollow kubelet several seconds (the bulk of
+  these tests' time): spec changes, suspends and restarts wait for the old pod to go.
+
+Not exercised here: a driver that really runs (its API's report in the status: last batch,
+delays, rate limit; executors; a graceful stop on SIGTERM; recovery from the checkpoint; probe
+failures) and the checkpoint cleanup pod really deleting files -- drivers run for real only in
+the e2e suite, on a real kubelet; the operator in a pod (in-cluster config, DNS to the driver Service); Kubernetes
+1.20 has no CEL validation rules, no server-side field validation (an unknown spec field is
+silently pruned, not rejected) and no PodSecurity admission.
 """
 
 from __future__ import annotations
