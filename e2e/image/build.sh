@@ -379,6 +379,26 @@ ensure_image_tarball() {
   mv "${TMP_DIR}/image.tar" "${IMAGE_TAR}"
   remove_tmp
   say "image: ${IMAGE_TAR} ($(du -h "${IMAGE_TAR}" | cut -f1))"
+  prune_storage || say "warning: could not prune older images from ${STORAGE}"
+}
+
+# Each build with a new pyproject.toml leaves a ~650 MB pip layer behind. Keeps the images whose
+# layers are a prefix of the new image's (its base and the build's cached steps), removes the rest
+# (removing an image also removes its untagged parents that have no other child).
+prune_storage() {
+  STEP="prune older layers"
+  local keep id layers
+  keep="$(image_layers "localhost/${IMAGE_REF}")"
+  "${BUILDAH[@]}" images --all --quiet --no-trunc | sort -u | while read -r id; do
+    layers="$(image_layers "${id}" 2>/dev/null)" || continue # removed with a child already
+    if [ -n "${layers}" ] && [[ "${keep}" == "${layers}"* ]]; then continue; fi
+    "${BUILDAH[@]}" rmi --force "${id}" >/dev/null 2>&1 || true
+  done
+  say "buildah storage: $(du -sh "${STORAGE}" | cut -f1)"
+}
+
+image_layers() {
+  "${BUILDAH[@]}" inspect --type image --format '{{range .OCIv1.RootFS.DiffIDs}}{{.}} {{end}}' "$1"
 }
 
 publish() {

@@ -79,6 +79,7 @@ def test_executor_argument_starts_the_kubernetes_executor_backend(image):
     assert result.returncode != 0
 
 
+@pytest.mark.timeout(900, func_only=True)
 def test_runs_the_example_job_on_local_spark(image):
     result = image.run(
         "dstream", "run", "examples/wordcount.yaml",
@@ -93,6 +94,7 @@ def test_runs_the_example_job_on_local_spark(image):
 
 
 @pytest.mark.skipif(shutil.which("containerd") is None, reason="containerd is not installed")
+@pytest.mark.timeout(1200, func_only=True)
 def test_archive_loads_into_containerd(image_tarball, tmp_path):
     result = subprocess.run(
         ["bash", str(LOAD_SH), "--standalone", str(image_tarball)],
