@@ -24,7 +24,7 @@ import pytest
 from harness import Driver, Line, RateJob, batch_dirs, executor_pids, verify
 
 START_TIMEOUT_S = 240
-BATCHES_AFTER_KILL = 5
+BATCHES_AFTER_KILL = 4
 PROGRESS = re.compile(r"processing\s+([\d.]+) s \| scheduling delay\s+([\d.]+) s")
 
 
@@ -64,7 +64,7 @@ def test_executor_killed_mid_batch_output_unchanged(tmp_path):
     ).start()
     app_ids: set[str] = set()
     try:
-        for _ in range(3):  # executors up and warm
+        for _ in range(2):  # executors up and warm
             driver.wait_for_line(is_batch, START_TIMEOUT_S, after=len(driver.lines))
         executors = executor_pids(driver.pid)
         app_ids.update(executors.values())
