@@ -255,7 +255,8 @@ class FileInputDStream(InputDStream):
         chosen: list[str] = []
         admitted = 0
         listing = self._listing()
-        self._seen.intersection_update(listing)
+        if listing:  # an empty listing may be a directory briefly missing, not one emptied
+            self._seen.intersection_update(listing)
         for name in listing:
             if name in self._seen:
                 continue
