@@ -1,7 +1,8 @@
 """The `dstream` command: run a StreamingJob manifest locally, or validate one.
 
 Exit codes: 0 success (including a graceful stop), 2 invalid manifest or arguments, 3 a checkpoint
-written by a different program, 1 anything else.
+that cannot be used (written by a different program, or damaged beyond exact recovery: `--fresh`
+starts over), 1 anything else.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from dstream.checkpoint import CheckpointMismatchError
+from dstream.checkpoint import CheckpointMismatchError, CheckpointUnrecoverableError
 from dstream.spec import Checkpoint, SpecError, StreamingJob, load_job
 
 EXIT_INVALID = 2
@@ -116,7 +117,7 @@ def run_job(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, request_stop)
     try:
         runtime.start()
-    except CheckpointMismatchError as error:
+    except (CheckpointMismatchError, CheckpointUnrecoverableError) as error:
         print(f"error: {error}", file=sys.stderr)
         runtime.sc.stop()
         return EXIT_CHECKPOINT_MISMATCH
