@@ -8,6 +8,7 @@ touches a record: records are only handled inside Spark tasks. Method names and 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import operator
 import threading
@@ -203,7 +204,10 @@ class DStream:
         return self.mapPartitions(lambda it: [sum(1 for _ in it)]).reduce(operator.add)
 
     def reduce(self, func: Callable[[Any, Any], Any]) -> DStream:
-        return self.map(lambda x: (None, x)).reduceByKey(func, 1).map(lambda kv: kv[1])
+        """Per batch, a one-element RDD (empty for an empty batch). Partitions are reduced in
+        their tasks and the partial results on the driver, as RDD.reduce does: the one-partition
+        shuffle that pyspark.streaming uses here would cost every batch another stage."""
+        return self.transform(lambda rdd: _reduced(rdd, func))
 
     def countByValue(self) -> DStream:
         return self.map(lambda x: (x, 1)).reduceByKey(operator.add)
@@ -416,6 +420,19 @@ class DStream:
 
         tracked = TrackedDStream(self, init, update, timeout, numPartitions)
         return tracked.mapValues(lambda state_and_last_event: state_and_last_event[0])
+
+
+def _reduced(rdd: RDD, func: Callable[[Any, Any], Any]) -> RDD:
+    """The RDD holding func-reduced `rdd` (a job runs now, in the batch that computes it)."""
+
+    def reduce_partition(items: Iterable[Any]) -> list[Any]:
+        iterator = iter(items)
+        for first in iterator:
+            return [functools.reduce(func, iterator, first)]
+        return []
+
+    partials = rdd.mapPartitions(reduce_partition).collect()
+    return rdd.context.parallelize([functools.reduce(func, partials)] if partials else [], 1)
 
 
 class TransformedDStream(DStream):
