@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "dstream"
 JOB = "wordtotals"
 RELEASE = "dstream"
+PEERING = "dstream"  # the chart's default peering.name
 SOURCE = Input(seed=7, record_bytes=60, partitions=2)
 
 
@@ -138,14 +139,15 @@ def run_faults(chaos: Chaos, args: argparse.Namespace) -> None:
     for n in range(args.executor_kills):
         say(f"executor loss {n + 1}/{args.executor_kills}")
         chaos.lose_executor(300)
+        chaos.settle(2, 300)
     for n in range(args.driver_kills):
         say(f"driver loss {n + 1}/{args.driver_kills}")
         chaos.lose_driver(600)
+        chaos.settle(2, 300)
     for n in range(args.operator_kills):
         say(f"operator loss {n + 1}/{args.operator_kills} (then a driver loss it must handle)")
         chaos.lose_operator(600)
-    say("letting the job run on after the last fault")
-    chaos.settle(3, 300)
+        chaos.settle(2, 300)
 
 
 def diagnose(cluster: Cluster, args: argparse.Namespace) -> None:
@@ -210,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     manifest = job_manifest(args, storage)
     say(f"applying StreamingJob {JOB}")
     cluster.apply([manifest])
-    target = Target(args.namespace, JOB, 2, args.batch_seconds, args.operator_namespace, RELEASE)
+    target = Target(
+        args.namespace, JOB, 2, args.batch_seconds, args.operator_namespace, RELEASE, PEERING
+    )
     chaos = Chaos(cluster, observer, target)
     failure = None
     try:
@@ -228,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     if snapshot.max_drivers > 1:
         verdict.problems.append(f"{snapshot.max_drivers} live driver pods at once")
+    restarts = (cluster.streaming_job(args.namespace, JOB).get("status") or {}).get("restarts")
+    if failure is None and restarts != chaos.faults.get("driver", 0):
+        verdict.problems.append(
+            f"status.restarts is {restarts}, but {chaos.faults.get('driver', 0)} drivers were lost"
+        )
     if failure is not None:
         verdict.problems.append(f"the run stopped early: {failure}")
     report(chaos, verdict, snapshot.max_drivers, args.report)

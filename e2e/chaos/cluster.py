@@ -140,6 +140,16 @@ class Cluster:
             "dstream.dev", "v1alpha1", namespace, "streamingjobs", name
         )
 
+    def kopf_peers(self, namespace: str, peering: str) -> list[str]:
+        """Identities (operator pod names) of the operators registered on a KopfPeering."""
+        try:
+            found = self.custom.get_namespaced_custom_object(
+                "kopf.dev", "v1", namespace, "kopfpeerings", peering
+            )
+        except ApiException:
+            return []
+        return list(found.get("status") or {})
+
     def crd_established(self, name: str) -> bool:
         try:
             crd = self.extensions.read_custom_resource_definition(name)

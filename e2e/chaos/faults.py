@@ -6,8 +6,9 @@ Figures (seconds):
   running or started before the job was back on schedule (the spike), and the time from the
   deletion until a batch started after it committed on schedule again;
 - driver loss: from the deletion to the first batch committed by the new driver;
-- operator loss: from the deletion to the new operator pod being ready (failover); the job keeps
-  committing meanwhile, and the new operator must replace a driver deleted afterwards (adoption).
+- operator loss: from the deletion to the new operator registered on the KopfPeering (it is
+  then watching and acting: failover); the job keeps committing meanwhile, and the new operator
+  must replace a driver deleted afterwards (adoption), which is measured as a driver loss.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Target:
     batch_s: float
     operator_namespace: str
     release: str
+    peering: str  # the chart's peering.name; a KopfPeering of that name in the job's namespace
 
 
 @dataclass
@@ -207,7 +209,9 @@ class Chaos:
         self.figures.add(
             kind,
             snapshot.commits[first] - deleted_at,
-            f"first new commit: batch {first}, delay {snapshot.delay(first):.1f} s",
+            f"new driver pod started after {started - deleted_at:.0f} s (the old one stops "
+            f"gracefully first); its first commit: batch {first}, delay "
+            f"{snapshot.delay(first):.1f} s",
         )
         self.wait_until_running(timeout_s)
 
@@ -215,31 +219,34 @@ class Chaos:
         t = self.target
         selector = operator_selector(t.release)
         (old,) = [p.metadata.name for p in self.cluster.pods(t.operator_namespace, selector)]
+        peers_before = set(self.cluster.kopf_peers(t.namespace, t.peering))
         deleted_at = time.time()
         self.cluster.delete_pod(t.operator_namespace, old)
         self.count("operator")
         print(f"- deleted operator pod {old}", flush=True)
         wait_for(
-            "a new operator pod ready",
-            lambda: any(
-                pod_ready(p) and p.metadata.name != old
-                for p in self.cluster.pods(t.operator_namespace, selector)
-            ),
+            "a new operator registered on the KopfPeering",
+            lambda: set(self.cluster.kopf_peers(t.namespace, t.peering)) - peers_before,
             timeout_s,
-            every_s=1,
+            every_s=0.5,
         )
-        ready_at = time.time()
-        kept = self.snapshot().committed_after(deleted_at)
-        self.figures.add(
-            "operator failover", ready_at - deleted_at, f"{len(kept)} batches committed meanwhile"
+        self.figures.add("operator failover", time.time() - deleted_at, "new operator peering")
+        wait_for(
+            "2 batches committed after the operator's deletion (the job runs without it)",
+            lambda: len(self.snapshot().committed_after(deleted_at)) >= 2,
+            timeout_s,
         )
         self.lose_driver(timeout_s, kind="driver recovery under the new operator")
 
     def settle(self, batches: int, timeout_s: float) -> None:
-        """A few more batches, so that the last recovery is followed by normal work."""
+        """`batches` more batches on schedule (delay at most the baseline plus one interval), so
+        that every fault hits a job in its normal state."""
         started = time.time()
-        wait_for(
-            f"{batches} batches after the last fault",
-            lambda: len(self.snapshot().committed_after(started)) >= batches,
-            timeout_s,
-        )
+        limit = self.baseline_delay + self.target.batch_s
+
+        def settled() -> bool:
+            snapshot = self.snapshot()
+            done = snapshot.committed_after(started)
+            return sum(1 for t in done if snapshot.delay(t) <= limit) >= batches
+
+        wait_for(f"{batches} batches on schedule", settled, timeout_s)

@@ -46,7 +46,7 @@ class Observer(threading.Thread):
         self.storage, self.cluster = storage, cluster
         self.namespace, self.job, self.every_s = namespace, job, every_s
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self._ranges: dict[int, list[list[int]]] = {}
         self._commits: dict[int, float] = {}
         self._max_drivers = 0
@@ -54,7 +54,7 @@ class Observer(threading.Thread):
         self.failure: str | None = None  # why the observer gave up, if it did
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 self.poll()
                 self._failures_in_a_row = 0
@@ -66,7 +66,7 @@ class Observer(threading.Thread):
                 if self._failures_in_a_row >= MAX_POLL_FAILURES_IN_A_ROW:
                     self.failure = f"{self._failures_in_a_row} polls failed in a row: {error!r}"
                     return
-            self._stop.wait(self.every_s)
+            self._stopping.wait(self.every_s)
 
     def poll(self) -> None:
         entries = self.storage.log_entries()
@@ -91,7 +91,7 @@ class Observer(threading.Thread):
             return Snapshot(dict(self._ranges), dict(self._commits), self._max_drivers)
 
     def stop(self, timeout_s: float = 30) -> None:
-        self._stop.set()
+        self._stopping.set()
         self.join(timeout_s)
 
 
