@@ -207,7 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     installed = install_operator(
         cluster, CHART, RELEASE, args.operator_namespace, chart_values(args)
     )
-    observer = Observer(storage, cluster, args.namespace, JOB, every_s=1.0)
+    # Reading a claim costs a `kubectl exec`: poll it less often.
+    observer = Observer(
+        storage, cluster, args.namespace, JOB, every_s=1.0 if args.host_path else 3.0
+    )
     observer.start()
     manifest = job_manifest(args, storage)
     say(f"applying StreamingJob {JOB}")
