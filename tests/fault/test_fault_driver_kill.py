@@ -40,6 +40,7 @@ class Round:
     exit_code: int | None
     ran_s: float  # process start to its end
     replayed: int | None  # uncommitted batches the restart found in the log
+    recovered_s: float | None  # process start to recovery done (Spark up, log read, state loaded)
     first_batch_s: float | None  # process start to its first committed batch: processing resumed
     first_new_s: float | None  # process start to the first committed batch it planned itself
     batches: int  # batches it committed
@@ -57,6 +58,7 @@ def summarize(driver: Driver, fault: str, ended_at: float) -> Round:
         driver.process.returncode,
         ended_at - driver.started_at,
         int(found[0].group(1)) if found else None,
+        since_start(RECOVERED.search),
         since_start(is_batch),
         since_start(is_new_batch),
         sum(1 for line in driver.lines if is_batch(line.text)),
@@ -133,13 +135,14 @@ def report(seed: int, rounds: list[Round], verdict: Verdict, polls: int) -> str:
 
     lines = [
         f"DSTREAM_FAULT_SEED={seed}: {len(rounds) - 1} kills, then a graceful stop",
-        f"  {'fault':<34} {'exit':>4} {'ran s':>6} {'replayed':>8} {'1st batch s':>11} "
-        f"{'1st new s':>9} {'batches':>7}",
+        f"  {'fault':<34} {'exit':>4} {'ran s':>6} {'replayed':>8} {'recovered s':>11} "
+        f"{'1st batch s':>11} {'1st new s':>9} {'batches':>7}",
     ]
     for r in rounds:
         lines.append(
             f"  {r.fault:<34} {r.exit_code:>4} {r.ran_s:6.1f} {r.replayed or 0:>8} "
-            f"{seconds(r.first_batch_s):>11} {seconds(r.first_new_s):>9} {r.batches:>7}"
+            f"{seconds(r.recovered_s):>11} {seconds(r.first_batch_s):>11} "
+            f"{seconds(r.first_new_s):>9} {r.batches:>7}"
         )
     lines.append(
         f"  committed batches {verdict.batches}, records {verdict.records}, words "
