@@ -82,7 +82,7 @@ main() {
   # kind has cluster DNS, so drivers use the defaults: the Service name and kubernetes.default.svc.
   # shellcheck disable=SC2086
   "${PYTHON}" -m e2e.chaos --kubeconfig "${kubeconfig}" --image "${IMAGE}" \
-    --host-path "${DATA}" --driver-host service --report "${ROOT}/e2e/last-report.json" \
+    --host-path "${DATA}" --driver-host service --report "${DATA}/last-report.json" \
     ${DSTREAM_E2E_ARGS:-}
   rm -f "${kubeconfig}"
 }

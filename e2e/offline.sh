@@ -18,7 +18,7 @@ readonly ROOT
 readonly PYTHON="${ROOT}/.venv/bin/python"
 readonly DATA="${DSTREAM_E2E_DATA:-/tmp/dstream-e2e-data}"
 readonly IMAGE=dstream:e2e # the tag e2e/image/build.sh gives the image
-readonly REPORT="${ROOT}/e2e/last-report.json"
+readonly REPORT="${DATA}/last-report.json"
 # Pods reach the API server through the `kubernetes` Service's ClusterIP (kube-proxy); there is
 # no cluster DNS for kubernetes.default.svc. The kubelet expands these variables in the driver pod.
 # shellcheck disable=SC2016
