@@ -82,8 +82,10 @@ def find_max_rate(
         guess = _predict(result.trials)
         lower_bound = low if low else rate / 8
         upper_bound = high if high is not None else rate * 4
-        if guess is None or not lower_bound < guess < upper_bound:
+        if guess is None:
             guess = math.sqrt(lower_bound * upper_bound) if high is not None else rate * 2
+        else:  # the line overshoots a bracket end: step inside it instead
+            guess = min(max(guess, lower_bound * (1 + tolerance)), upper_bound / (1 + tolerance))
         if high is not None and low:  # stay off the bracket's ends so the bracket shrinks
             guess = min(max(guess, low * (1 + tolerance / 2)), high / (1 + tolerance / 2))
         rate = _round(guess)

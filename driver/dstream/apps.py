@@ -65,12 +65,11 @@ def topk(ssc: StreamingContext, lines: DStream, args: TopkArgs) -> DStream:
     )
     ssc.registerQueryStream("counts", counts)
     k = args.k
-
-    def top(rdd: Any) -> Any:
-        local = rdd.mapPartitions(lambda kvs: tasks.largest(k, kvs))
-        return local.coalesce(1).mapPartitions(lambda kvs: tasks.largest(k, kvs))
-
-    return counts.transform(top)
+    # One top-k list per partition, merged by reduce() on the driver: the window's partitions
+    # stay in parallel tasks (coalesce(1) would compute them all in one task).
+    local = counts.mapPartitions(lambda kvs: [tasks.largest(k, kvs)])
+    merged = local.reduce(lambda a, b: tasks.largest(k, a + b))
+    return merged.flatMap(lambda top: top)
 
 
 def sessions(ssc: StreamingContext, lines: DStream, args: SessionsArgs) -> DStream:
