@@ -26,8 +26,8 @@ import pytest
 from harness import Driver, Line, RateJob, batch_dirs, executor_pids, verify
 
 BATCH_TIMEOUT_S = 240
-MOST_BATCHES_BEFORE_KILL = 6  # to get on schedule after the executors' cold start
-MOST_BATCHES_AFTER_KILL = 6  # to get back on schedule
+MOST_BATCHES_BEFORE_KILL = 4  # to get on schedule after the executors' cold start
+MOST_BATCHES_AFTER_KILL = 4  # to get back on schedule
 PROGRESS = re.compile(r"processing\s+([\d.]+) s \| scheduling delay\s+([\d.]+) s")
 
 
