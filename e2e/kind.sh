@@ -45,7 +45,7 @@ create_cluster() {
   local node_image=()
   [[ -n "${DSTREAM_KIND_IMAGE:-}" ]] && node_image=(--image "${DSTREAM_KIND_IMAGE}")
   kind create cluster --name "${CLUSTER}" "${node_image[@]}" --wait "${CREATE_TIMEOUT}" \
-    --config - <<EOF
+    --config=- <<EOF
 kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
 nodes:
