@@ -231,9 +231,11 @@ def event(owner: Owner, type: str, reason: str, message: str, now: datetime) -> 
     }
 
 
-def driver_url(owner: Owner) -> str:
-    """Where the operator reads the driver API (through the headless Service's DNS name)."""
-    return f"http://{service_name(owner.name)}.{owner.namespace}.svc:{API_PORT}"
+def driver_url(owner: Owner, pod_ip: str | None = None) -> str:
+    """Where the operator reads the driver API: at the pod IP when given (clusters without
+    DNS), else through the headless Service's DNS name."""
+    host = pod_ip or f"{service_name(owner.name)}.{owner.namespace}.svc"
+    return f"http://{host}:{API_PORT}"
 
 
 def memory_mib(spark_memory: str) -> int:

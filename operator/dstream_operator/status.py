@@ -100,6 +100,7 @@ class PodFacts:
     message: str | None
     exit_code: int | None
     owner_uid: str | None  # of the StreamingJob that controls the pod
+    ip: str | None = None  # status.podIP, once it has one
 
     @property
     def terminal(self) -> bool:
@@ -140,6 +141,7 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
         reason=(terminated or {}).get("reason") or status.get("reason"),
         message=(terminated or {}).get("message") or status.get("message"),
         exit_code=(terminated or {}).get("exitCode"),
+        ip=status.get("podIP"),
         owner_uid=next(
             (
                 ref.get("uid")

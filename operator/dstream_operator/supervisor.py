@@ -266,8 +266,9 @@ class Supervisor:
             return None
         if time.monotonic() - memory.polled_at >= self.settings.interval_seconds:
             memory.polled_at = time.monotonic()
+            pod_ip = driver.ip if self.settings.driver_host == "pod-ip" else None
             report = await fetch_report(
-                http, resources.driver_url(owner), self.settings.poll_timeout_seconds
+                http, resources.driver_url(owner, pod_ip), self.settings.poll_timeout_seconds
             )
             memory.report = report or memory.report
         return memory.report

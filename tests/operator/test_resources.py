@@ -118,6 +118,11 @@ def test_pods_name_their_non_root_user():
         }
 
 
+def test_the_driver_api_is_read_at_the_service_name_or_the_pod_ip():
+    assert resources.driver_url(OWNER) == "http://wc-driver.jobs.svc:8000"
+    assert resources.driver_url(OWNER, "10.244.0.7") == "http://10.244.0.7:8000"
+
+
 def test_the_drivers_api_server_is_configurable():
     pod = resources.driver_pod(job(), OWNER, "pod-ip", "https://10.244.0.1:6443")
     args = pod["spec"]["containers"][0]["args"]

@@ -27,6 +27,13 @@ def pod(phase="Running", ready=False, **meta) -> dict:
     }
 
 
+def test_pod_facts_read_the_pod_ip():
+    body = pod()
+    body["status"]["podIP"] = "10.244.0.7"
+    assert status.pod_facts(body).ip == "10.244.0.7"
+    assert status.pod_facts(pod()).ip is None
+
+
 def test_pod_facts_of_a_failed_driver():
     body = pod("Failed")
     body["status"]["containerStatuses"] = [
