@@ -278,8 +278,9 @@ def spec_hash(job: StreamingJob) -> str:
 
 
 def grace_seconds(job: StreamingJob) -> int:
-    """Time for a graceful stop: the in-flight batch finishes and commits (a few intervals)."""
-    return max(30, math.ceil(3 * job.spec.batch_interval_ms / 1000))
+    """Time for a graceful stop: the driver finishes the batches already planned (it gives them
+    up to 10 intervals) and the one in flight, and commits them."""
+    return max(30, math.ceil(12 * job.spec.batch_interval_ms / 1000))
 
 
 def spark_conf(job: StreamingJob, owner: Owner, driver_host: DriverHost) -> dict[str, str]:
