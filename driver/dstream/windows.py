@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from pyspark import RDD, StorageLevel
+from pyspark.rdd import Partitioner, portable_hash
 
 from dstream.dstream import DStream
 from dstream.timeutil import datetime_of, duration_to_ms
@@ -70,15 +71,24 @@ class ReducedWindowedDStream(DStream):
     def _parent_remember_ms(self) -> int:
         return self._remember_ms + self._window_ms
 
-    def _add(self, _time: datetime, old: RDD | None, entering: RDD) -> RDD:
+    def _batches(self, rdds: list[RDD]) -> RDD:
+        """The parent's RDDs of some batches as one RDD reduced by key into this stream's
+        partitions. The parent is reduceByKey(func, n) of the input (reduceByKeyAndWindow builds
+        it so), so a single batch's RDD already is: reducing it again would only pass every
+        record through Python once more."""
+        if len(rdds) == 1 and rdds[0].partitioner == Partitioner(self._partitions, portable_hash):
+            return rdds[0]
+        return self._sc.union(rdds).reduceByKey(self._func, self._partitions)
+
+    def _add(self, _time: datetime, old: RDD | None, entering: list[RDD]) -> RDD:
         func, n = self._func, self._partitions
-        entering = entering.reduceByKey(func, n)
-        result = old.union(entering).reduceByKey(func, n) if old is not None else entering
+        batches = self._batches(entering)
+        result = old.union(batches).reduceByKey(func, n) if old is not None else batches
         return result.filter(self._filter) if self._filter else result
 
-    def _subtract(self, _time: datetime, old: RDD, leaving: RDD) -> RDD:
-        func, inv_func, n = self._func, self._inv_func, self._partitions
-        leaving = leaving.reduceByKey(func, n)
+    def _subtract(self, _time: datetime, old: RDD, leaving_rdds: list[RDD]) -> RDD:
+        inv_func, n = self._inv_func, self._partitions
+        leaving = self._batches(leaving_rdds)
         joined = old.leftOuterJoin(leaving, n)
         return joined.mapValues(lambda ab: inv_func(ab[0], ab[1]) if ab[1] is not None else ab[0])
 
@@ -92,10 +102,8 @@ class ReducedWindowedDStream(DStream):
         # Spark's rule: for a short window, reducing it whole beats adding and subtracting.
         if previous is not None and self._window_ms >= 5 * self._slide_ms:
             leaving = parent._slice_ms(previous_end - self._window_ms + step, begin)
-            current = (
-                self._subtract(when, previous, self._sc.union(leaving)) if leaving else previous
-            )
+            current = self._subtract(when, previous, leaving) if leaving else previous
             entering = parent._slice_ms(previous_end + step, time_ms)
-            return self._add(when, current, self._sc.union(entering)) if entering else current
+            return self._add(when, current, entering) if entering else current
         window = parent._slice_ms(begin + step, time_ms)
-        return self._add(when, None, self._sc.union(window)) if window else None
+        return self._add(when, None, window) if window else None
