@@ -196,9 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     from bench.recovery import run_recovery
     from bench.report import write_report
 
-    recovery = {} if args.no_recovery else run_recovery(systems, table)
     stamp = datetime.now().strftime("%Y-%m-%d")
-    write_report(RESULTS, stamp, machine, table, runs, recovery)
+    write_report(RESULTS, stamp, machine, table, runs, {})  # kept if recovery is cut short
+    if not args.no_recovery:
+        recovery = run_recovery(systems, table)
+        machine["load_after"] = load_average()
+        write_report(RESULTS, stamp, machine, table, runs, recovery)
+    print(f"results: {RESULTS / stamp}.md", flush=True)
     return 0
 
 
