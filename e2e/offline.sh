@@ -42,8 +42,10 @@ main() {
   local tarball
   tarball="$(bash e2e/image/build.sh)"
   step "cluster up with a real node (e2e/cluster/local.sh up --real-node)"
-  trap cluster_down EXIT
+  # Only a cluster this run started is taken down: `up` refuses when another one (say, a test
+  # session's hollow cluster) runs, and a failed `up` stops what it started by itself.
   bash e2e/cluster/local.sh up --real-node
+  trap cluster_down EXIT
   eval "$(bash e2e/cluster/local.sh env)"
   step "image into the node's containerd (e2e/image/load.sh)"
   bash e2e/image/load.sh "${CONTAINERD_ADDRESS}" "${tarball}" >/dev/null
