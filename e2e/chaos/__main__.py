@@ -235,11 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     if snapshot.max_drivers > 1:
         verdict.problems.append(f"{snapshot.max_drivers} live driver pods at once")
-    restarts = (cluster.streaming_job(args.namespace, JOB).get("status") or {}).get("restarts")
-    if failure is None and restarts != chaos.faults.get("driver", 0):
+    status = cluster.streaming_job(args.namespace, JOB).get("status") or {}
+    if failure is None and status.get("restarts") != chaos.faults.get("driver", 0):
         verdict.problems.append(
-            f"status.restarts is {restarts}, but {chaos.faults.get('driver', 0)} drivers were lost"
+            f"status.restarts is {status.get('restarts')}, but "
+            f"{chaos.faults.get('driver', 0)} drivers were lost"
         )
+    if not status.get("lastBatchTime"):
+        verdict.problems.append("status.lastBatchTime unset: the operator cannot read the driver")
     if failure is not None:
         verdict.problems.append(f"the run stopped early: {failure}")
     report(chaos, verdict, snapshot.max_drivers, args.report)
