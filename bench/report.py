@@ -21,8 +21,8 @@ def _fmt(value: float | None, unit: str = "", digits: int = 0) -> str:
 def throughput_table(table: dict[str, Any], cores: int) -> list[str]:
     lines = [
         "| workload | system | max sustainable rate (rec/s) | per core | vs paper/core | "
-        "dstream / this | confirmed over 30+ batches |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+        "dstream / this | confirmed over 30+ batches | 1-min load during its trials |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for workload in WORKLOADS:
         rows = table.get(workload, {})
@@ -37,9 +37,13 @@ def throughput_table(table: dict[str, Any], cores: int) -> list[str]:
             lines.append(
                 f"| {workload} | {system} | {rate:,} | {per_core:,.0f} | "
                 f"{per_core / PAPER_PER_CORE[workload]:.2f}x | {_fmt(ratio, 'x', 2)} | "
-                f"{'yes' if row.get('confirmed') else 'no'} |"
+                f"{'yes' if row.get('confirmed') else 'no'} | {_load_range(row.get('loads'))} |"
             )
     return lines
+
+
+def _load_range(loads: list[float] | None) -> str:
+    return f"{min(loads):.1f} to {max(loads):.1f}" if loads else "not recorded"
 
 
 def latency_table(table: dict[str, Any]) -> list[str]:
@@ -66,7 +70,7 @@ def recovery_table(recovery: dict[str, Any]) -> list[str]:
     if not recovery:
         return ["Recovery experiments were skipped in this run."]
     lines = [
-        f"WordCount at {recovery['rate']:,} records/s (half the lowest WordCount maximum).",
+        f"WordCount at {recovery['rate']:,} records/s (half the lowest WordCount maximum, at least 1,000).",
         "",
         "| system | fault | baseline delay | first batch after fault | peak delay | "
         "back to baseline after |",

@@ -128,7 +128,9 @@ def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, 
             if workload is None:
                 continue
             row = table[workload].setdefault(system, {"rate": 0})
-            if event["event"] == "throughput":
+            if event["event"] == "trial" and "load" in event:
+                row.setdefault("loads", []).append(event["load"])
+            elif event["event"] == "throughput":
                 row.update(rate=event["rate"], confirmed=event["confirmed"])
             elif event["event"] == "latency":
                 row.update(

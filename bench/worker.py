@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -67,6 +68,7 @@ def bench_workload(system: System, workload: str, plan: Plan, start: int) -> Non
             rate=rate,
             confirmation=confirmation,
             seconds=round(time.monotonic() - began, 1),
+            load=round(os.getloadavg()[0], 2),  # the machine is shared: what else ran
             batches=[b.to_json() for b in batches],
             **asdict(verdict),
         )
