@@ -29,20 +29,23 @@ def _words(lines: DStream) -> DStream:
 
 def wordcount(ssc: StreamingContext, lines: DStream, args: WordcountArgs) -> DStream:
     """Word counts per batch or, with a window, over the window (incrementally, with an inverse)."""
-    pairs = _words(lines)
     if args.window is None:
-        counts = pairs.reduceByKey(operator.add)
+        counts = _words(lines).reduceByKey(operator.add)
     else:
-        slide = _seconds(args.slide) if args.slide else None
-        counts = pairs.reduceByKeyAndWindow(
-            operator.add,
-            operator.sub,
-            _seconds(args.window),
-            slide,
-            filterFunc=lambda kv: kv[1] > 0,
-        )
+        counts = _windowed_counts(lines, args.window, args.slide)
     ssc.registerQueryStream("counts", counts)
     return counts
+
+
+def _windowed_counts(lines: DStream, window: str, slide: str | None) -> DStream:
+    """Word counts over the window, incrementally (inverse reduce); words that left are dropped."""
+    return _words(lines).reduceByKeyAndWindow(
+        operator.add,
+        operator.sub,
+        _seconds(window),
+        _seconds(slide) if slide else None,
+        filterFunc=lambda kv: kv[1] > 0,
+    )
 
 
 def grep(ssc: StreamingContext, lines: DStream, args: GrepArgs) -> DStream:
@@ -55,14 +58,7 @@ def grep(ssc: StreamingContext, lines: DStream, args: GrepArgs) -> DStream:
 
 def topk(ssc: StreamingContext, lines: DStream, args: TopkArgs) -> DStream:
     """The k most frequent words over the window: per-partition top k, then one final merge."""
-    slide = _seconds(args.slide) if args.slide else None
-    counts = _words(lines).reduceByKeyAndWindow(
-        operator.add,
-        operator.sub,
-        _seconds(args.window),
-        slide,
-        filterFunc=lambda kv: kv[1] > 0,
-    )
+    counts = _windowed_counts(lines, args.window, args.slide)
     ssc.registerQueryStream("counts", counts)
     k = args.k
     # One top-k list per partition, merged by reduce() on the driver: the window's partitions
