@@ -104,11 +104,18 @@ class Kube:
                 return None
             raise
 
-    async def apply(self, obj: dict[str, Any]) -> None:
-        """Create, or bring an existing object's fields to the given values."""
-        if await self.create(obj) is None:
-            meta = obj["metadata"]
-            await self.patch(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"], obj)
+    async def apply(self, obj: dict[str, Any], attempts: int = 3) -> None:
+        """Create, or bring an existing object's fields to the given values. An object can
+        vanish between the two (the garbage collector removing a predecessor's child after a
+        job was deleted and created again): then it is created anew."""
+        meta = obj["metadata"]
+        for _ in range(attempts):
+            if await self.create(obj) is not None:
+                return
+            path = (obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+            if await self.patch(*path, obj) is not None:
+                return
+        raise KubeError(409, f"{obj['kind']} {meta['name']} kept vanishing while applied")
 
     async def get(
         self, api_version: str, kind: str, namespace: str, name: str

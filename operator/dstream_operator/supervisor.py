@@ -286,7 +286,8 @@ class Supervisor:
             await stop_driver(self.kube, owner, step.stop_driver)
             memory.mark_stopped(driver, step.stop_driver)
         if step.create_driver and job is not None:
-            await self.kube.apply(resources.config_map(job, owner))
+            for child in resources.children(job, owner):  # the driver pod needs them all
+                await self.kube.apply(child)
             pod = resources.driver_pod(
                 job, owner, self.settings.driver_host, self.settings.api_server
             )

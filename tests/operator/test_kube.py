@@ -12,24 +12,32 @@ from dstream_operator.kube import Kube
 pytestmark = pytest.mark.asyncio
 
 
-@pytest_asyncio.fixture
-async def api_server():
-    """A stand-in API server that answers 404 to everything and records what it was sent."""
+async def _serve(answers: list[tuple[int, dict]]):
+    """A stand-in API server that gives the answers in turn (the last one from then on) and
+    records the requests it was sent."""
     seen: list[web.Request] = []
 
-    async def not_found(request: web.Request) -> web.Response:
+    async def answer(request: web.Request) -> web.Response:
         seen.append(request)
-        return web.json_response({"kind": "Status", "code": 404}, status=404)
+        status, body = answers[min(len(seen), len(answers)) - 1]
+        return web.json_response(body, status=status)
 
     app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", not_found)
+    app.router.add_route("*", "/{tail:.*}", answer)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}", seen
+
+
+@pytest_asyncio.fixture
+async def api_server():
+    """Answers 404 to everything."""
+    runner, url, seen = await _serve([(404, {"kind": "Status", "code": 404})])
     try:
-        yield f"http://127.0.0.1:{port}", seen
+        yield url, seen
     finally:
         await runner.cleanup()
 
@@ -65,3 +73,28 @@ async def test_kubeconfig_token_is_sent_as_bearer(api_server, tmp_path, monkeypa
     finally:
         await kube.close()
     assert [r.headers.get("Authorization") for r in seen] == ["Bearer s3cret"]
+
+
+async def test_apply_creates_again_what_vanished_between_create_and_patch():
+    """Regression: a job deleted and created again found its ServiceAccount still there (409),
+    the garbage collector removed it before the patch (404), and the driver pod was refused
+    for want of it. `apply` now creates it anew."""
+    runner, url, seen = await _serve(
+        [(409, {"code": 409}), (404, {"code": 404}), (201, {"metadata": {"name": "sa"}})]
+    )
+    kube = Kube(kubernetes.client.Configuration(host=url))
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "sa", "namespace": "jobs"},
+    }
+    try:
+        await kube.apply(account)
+    finally:
+        await kube.close()
+        await runner.cleanup()
+    assert [(r.method, r.path) for r in seen] == [
+        ("POST", "/api/v1/namespaces/jobs/serviceaccounts"),
+        ("PATCH", "/api/v1/namespaces/jobs/serviceaccounts/sa"),
+        ("POST", "/api/v1/namespaces/jobs/serviceaccounts"),
+    ]
