@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--partitions", type=int, default=2)
     args = parser.parse_args(argv)
-    sc = SparkContext(conf=spark_conf(args.master, args.partitions))
+    sc = SparkContext(conf=spark_conf(args.master, args.partitions, args.system))
     sc.setLogLevel("ERROR")
     try:
         system = SYSTEM_CLASSES[args.system](sc, args.partitions)

@@ -172,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--no-recovery", action="store_true", help="skip recovery experiments")
     parser.add_argument("--quiet-wait", type=float, default=None, help="max s to wait for load")
+    parser.add_argument(
+        "--peers-with-dstream-daemon",
+        action="store_true",
+        help="run the peers on dstream's Python worker daemon too (how much of the gap it is)",
+    )
     args = parser.parse_args(argv)
     plan = "quick" if args.quick else "full"
     systems = args.systems.split(",")
@@ -180,9 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     load_before = wait_for_quiet(2.5, wait)
     started = time.time()
     priors = previous_rates()
+    daemon = ["--dstream-daemon"] if args.peers_with_dstream_daemon else []
     runs = {
         system: run_worker(
-            system, plan, workloads, ["--start-rates", json.dumps(priors.get(system, {}))]
+            system,
+            plan,
+            workloads,
+            ["--start-rates", json.dumps(priors.get(system, {})), *daemon],
         )
         for system in systems
     }

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=15)
     args = parser.parse_args(argv)
-    sc = SparkContext(conf=spark_conf("local[2]", 2))
+    sc = SparkContext(conf=spark_conf("local[2]", 2, "dstream"))
     sc.setLogLevel("ERROR")
     try:
         for name, build in _graphs().items():

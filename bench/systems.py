@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dstream import pydaemon
 from pyspark import SparkConf, SparkContext
 
 from bench import feed
@@ -52,10 +53,12 @@ class Batch:
         return asdict(self)
 
 
-def spark_conf(master: str, partitions: int) -> SparkConf:
-    """The same Spark settings for every system: quiet, local, `partitions` tasks per stage.
-    Python workers run this interpreter (the venv, where dstream and bench import): PySpark
-    reads PYSPARK_PYTHON when the SparkContext starts, and PYTHONPATH reaches the workers."""
+def spark_conf(master: str, partitions: int, system: str | None = None) -> SparkConf:
+    """The same Spark settings for every system: quiet, local, `partitions` tasks per stage;
+    plus what the system itself sets (dstream: its Python worker daemon; the peers run as
+    their users run them). Python workers run this interpreter (the venv, where dstream and
+    bench import): PySpark reads PYSPARK_PYTHON when the SparkContext starts, and PYTHONPATH
+    reaches the workers."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -73,6 +76,7 @@ def spark_conf(master: str, partitions: int) -> SparkConf:
             ("spark.sql.shuffle.partitions", str(partitions)),
             ("spark.sql.ansi.enabled", "false"),
             ("spark.driver.memory", "2g"),
+            *(SYSTEM_CLASSES[system].spark_settings.items() if system else ()),
         ]
     )
 
@@ -81,6 +85,7 @@ class System:
     """Base: a SparkContext, a job started per trial, and the batches its listener reports."""
 
     name = ""
+    spark_settings: dict[str, str] = {}
 
     def __init__(self, sc: SparkContext, partitions: int):
         self.sc = sc
@@ -154,6 +159,7 @@ class DStreamSystem(System):
     """This project's engine running its built-in apps, fed by its own rate source."""
 
     name = "dstream"
+    spark_settings = pydaemon.SPARK_CONF
 
     def start(self, workload: str, rate: int, checkpoint: str) -> Callable[[], None]:
         from dstream import apps

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dstream import pydaemon
 from pyspark import SparkContext
 
 from bench.search import find_max_rate
@@ -114,10 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--start-rates", default="{}", help="JSON: workload -> first trial rate")
+    parser.add_argument(
+        "--dstream-daemon", action="store_true", help="run a peer on dstream's worker daemon too"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     starts = {**START_RATES, **json.loads(args.start_rates)}
-    sc = SparkContext(conf=spark_conf(args.master, args.partitions))
+    conf = spark_conf(args.master, args.partitions, args.system)
+    if args.dstream_daemon:
+        conf.setAll(list(pydaemon.SPARK_CONF.items()))
+    sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
     try:
         system = SYSTEM_CLASSES[args.system](sc, args.partitions)

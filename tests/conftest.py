@@ -18,10 +18,12 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 @pytest.fixture(scope="session")
 def sc():
+    from dstream.pydaemon import SPARK_CONF
     from pyspark import SparkConf, SparkContext
 
     conf = (
         SparkConf()
+        .setAll(list(SPARK_CONF.items()))
         .setMaster("local[2]")
         .setAppName("dstream-tests")
         .set("spark.ui.enabled", "false")

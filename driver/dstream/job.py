@@ -14,6 +14,7 @@ from typing import Any
 
 from pyspark import SparkConf, SparkContext
 
+from dstream import pydaemon
 from dstream.apps import COUNTING, build_app
 from dstream.checkpoint import move_checkpoint_aside
 from dstream.context import StreamingContext
@@ -30,6 +31,7 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
     """Spark settings the spec implies, then the spec's sparkConf, then command-line overrides."""
     spec = job.spec
     settings: dict[str, str] = {
+        **pydaemon.SPARK_CONF,
         "spark.app.name": f"dstream-{job.metadata.name}",
         "spark.ui.showConsoleProgress": "false",
         "spark.streaming.backpressure.enabled": str(spec.backpressure.enabled).lower(),

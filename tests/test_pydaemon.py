@@ -1,0 +1,69 @@
+"""dstream's Python worker daemon: Spark starts it, and it reads a task's bytes unchanged with
+Nagle's algorithm off (see dstream.pydaemon for the 40 ms it removes from every task)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+from dstream import pydaemon
+
+
+def _parent_command(_partition):
+    with open(f"/proc/{os.getppid()}/cmdline") as cmdline:
+        return [cmdline.read().replace("\0", " ")]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/cmdline"), reason="needs /proc (Linux)")
+def test_spark_runs_tasks_under_the_dstream_daemon(sc):
+    """The session's SparkContext has dstream's settings, as `dstream run` has."""
+    assert sc.getConf().get("spark.python.daemon.module") == "dstream.pydaemon"
+    parents = sc.parallelize(range(4), 4).mapPartitions(_parent_command).collect()
+    assert all("-m dstream.pydaemon" in command for command in parents), parents
+    assert sc.parallelize(range(1000), 4).map(lambda x: x * 2).sum() == 999_000
+
+
+@pytest.fixture
+def tcp_pair():
+    """A connected loopback TCP pair, as the daemon's worker and the JVM have."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    jvm = socket.create_connection(listener.getsockname())
+    worker_side, _ = listener.accept()
+    listener.close()
+    yield worker_side, jvm
+    worker_side.close()
+    jvm.close()
+
+
+@pytest.mark.skipif(pydaemon.QUICKACK is None, reason="TCP_QUICKACK is Linux-only")
+def test_worker_main_reads_every_byte_with_nagle_off(tcp_pair, monkeypatch):
+    """A command followed by data in separate writes (as the JVM sends a task) reaches
+    PySpark's worker whole, through the re-arming reader, on a socket with TCP_NODELAY."""
+    worker_side, jvm = tcp_pair
+    assert worker_side.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+    command, data = b"c" * 4368, b"d" * 70_000 + b"end"
+    received: list[bytes] = []
+
+    def pyspark_worker_main(infile, outfile):
+        received.append(infile.read(len(command) + len(data)))
+        outfile.write(b"done")
+
+    from pyspark import worker
+
+    monkeypatch.setattr(worker, "main", pyspark_worker_main)
+    sender = threading.Thread(target=lambda: (jvm.sendall(command), jvm.sendall(data)))
+    sender.start()
+    infile = os.fdopen(os.dup(worker_side.fileno()), "rb", 65536)
+    outfile = os.fdopen(os.dup(worker_side.fileno()), "wb", 65536)
+    try:
+        pydaemon.main(infile, outfile)
+        outfile.flush()
+    finally:
+        sender.join()
+        infile.close()
+        outfile.close()
+    assert received == [command + data]
+    assert jvm.recv(4) == b"done"
+    assert worker_side.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
