@@ -103,6 +103,15 @@ def test_invalid_specs_name_the_field(path, value, message):
     )
 
 
+def test_a_grep_pattern_that_does_not_compile_is_rejected():
+    with pytest.raises(SpecError) as caught:
+        parse_job(with_change("spec.app", {"builtin": "grep", "args": {"pattern": "(ab"}}))
+    assert caught.value.problems == [
+        "spec.app.args: Value error, pattern: Value error, not a regular expression "
+        "(missing ), unterminated subpattern at position 0)"
+    ]
+
+
 def test_load_job_reports_yaml_errors_and_missing_kind(tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("spec: [unclosed\n")

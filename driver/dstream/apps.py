@@ -6,9 +6,9 @@ the sink writes. Built-ins register their main stream for interactive queries by
 
 from __future__ import annotations
 
+import functools
 import importlib
 import operator
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -50,8 +50,7 @@ def _windowed_counts(lines: DStream, window: str, slide: str | None) -> DStream:
 
 def grep(ssc: StreamingContext, lines: DStream, args: GrepArgs) -> DStream:
     """How many lines of each batch match the regular expression `pattern`."""
-    search = re.compile(args.pattern).search
-    matching = lines.filter(lambda line: search(line) is not None)
+    matching = lines.mapPartitions(functools.partial(tasks.matching_lines, args.pattern))
     ssc.registerQueryStream("matches", matching)
     return matching.count()
 

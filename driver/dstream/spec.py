@@ -59,6 +59,15 @@ class WordcountArgs(SpecModel):
 class GrepArgs(SpecModel):
     pattern: str = Field(min_length=1)
 
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, pattern: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise ValueError(f"not a regular expression ({error})") from None
+        return pattern
+
 
 class TopkArgs(SpecModel):
     k: int = Field(10, ge=1)
