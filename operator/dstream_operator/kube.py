@@ -109,10 +109,10 @@ class Kube:
         vanish between the two (the garbage collector removing a predecessor's child after a
         job was deleted and created again): then it is created anew."""
         meta = obj["metadata"]
+        path = (obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
         for _ in range(attempts):
             if await self.create(obj) is not None:
                 return
-            path = (obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
             if await self.patch(*path, obj) is not None:
                 return
         raise KubeError(409, f"{obj['kind']} {meta['name']} kept vanishing while applied")
