@@ -1,7 +1,9 @@
-"""Backpressure units: Spark's PID rate estimator rule by rule, the rate controller with fake
-times, and how sources spend a record budget."""
+"""Backpressure units: Spark's PID rate estimator rule by rule, the bound on one step, the rate
+controller with fake times, and how sources spend a record budget."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 from dstream.clock import ManualClock
@@ -13,8 +15,9 @@ BATCH_MS = 1000
 
 
 def primed(processing_rate: float = 1000.0, **gains: float) -> PIDRateEstimator:
-    """An estimator whose first valid update has recorded `processing_rate` at t=1000 ms."""
-    estimator = PIDRateEstimator(BATCH_MS, **gains)
+    """An estimator whose first valid update has recorded `processing_rate` at t=1000 ms; the
+    step bound is off unless given, so that Spark's own law shows rule by rule."""
+    estimator = PIDRateEstimator(BATCH_MS, **{"max_step": math.inf, **gains})
     assert estimator.compute(1000, int(processing_rate), 1000, 0) is None
     return estimator
 
@@ -81,6 +84,26 @@ def test_accumulated_scheduling_delay_pushes_the_rate_below_processing():
     assert all(rate < 1000 for rate in rates)
 
 
+# -- one pathological batch ----------------------------------------------------------------
+
+
+def test_one_slow_batch_at_most_halves_the_rate_and_the_next_restores_it():
+    estimator = primed(1000, max_step=2)
+    # A batch slowed 20x by something else (a query, a GC): Spark's law would go to minRate.
+    assert estimator.compute(2000, 1000, 20_000, 0) == pytest.approx(500)
+    # Normal batches again (coalescing keeps their delay under an interval): the proportional
+    # term follows the processing rate back up.
+    assert estimator.compute(3000, 500, 500, 500) == pytest.approx(900)
+    assert estimator.compute(4000, 900, 900, 0) == pytest.approx(1000)
+
+
+def test_a_real_overload_still_halves_the_rate_every_batch_until_it_fits():
+    estimator = primed(100_000, max_step=2)
+    rates = [estimator.compute(t * BATCH_MS, 100_000, 100_000 // 10, 0) for t in range(2, 7)]
+    # Processing 10,000/s: each step at most halves, then the estimate settles on it.
+    assert rates == [50_000, 25_000, 12_500, 10_000, 10_000]
+
+
 def test_never_below_min_rate():
     estimator = primed(1000, min_rate=250)
     assert estimator.compute(2000, 1000, 1000, 60_000) == 250
@@ -95,6 +118,7 @@ def test_never_below_min_rate():
         {"derivative": -0.5},
         {"min_rate": 0},
         {"min_rate": -10},
+        {"max_step": 1},
     ],
 )
 def test_rejects_invalid_gains(arguments):

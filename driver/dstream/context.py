@@ -2,7 +2,7 @@
 
 Backpressure is configured as in Spark, through the SparkConf
 (`spark.streaming.backpressure.enabled`, `.initialRate`, `.pid.*`, and
-`dstream.backpressure.maxRate`), so pyspark.streaming programs keep their settings and spec-driven jobs set the same keys.
+`dstream.backpressure.maxRate`, `dstream.backpressure.maxStep`), so pyspark.streaming programs keep their settings and spec-driven jobs set the same keys.
 """
 
 from __future__ import annotations
@@ -177,6 +177,7 @@ class StreamingContext:
                 integral=number("spark.streaming.backpressure.pid.integral", "0.2"),
                 derivative=number("spark.streaming.backpressure.pid.derived", "0.0"),
                 min_rate=number("spark.streaming.backpressure.pid.minRate", "100"),
+                max_step=number("dstream.backpressure.maxStep", "2.0"),
             )
             controllers[source.name] = RateController(
                 estimator,
@@ -224,11 +225,13 @@ class StreamingContext:
                 return stopped
 
     def stop(self, stopSparkContext: bool = True, stopGraceFully: bool = False) -> None:
-        """Stop; gracefully means finish the batches already planned (bounded) before returning."""
+        """Stop after the running batch has finished and committed (gracefully or not: a batch cut
+        short would only be replayed). Batch times already due but not started have no batch
+        record yet; with a checkpoint, the next start runs them."""
         if self._state == "stopped":
             return
         if self._scheduler is not None:
-            self._scheduler.stop(graceful=stopGraceFully)
+            self._scheduler.stop()
         self._state = "stopped"
         if StreamingContext._activeContext is self:
             StreamingContext._activeContext = None

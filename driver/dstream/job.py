@@ -39,6 +39,7 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
         "spark.streaming.backpressure.pid.integral": str(spec.backpressure.pid.integral),
         "spark.streaming.backpressure.pid.derived": str(spec.backpressure.pid.derivative),
         "spark.streaming.backpressure.pid.minRate": str(spec.backpressure.min_rate),
+        "dstream.backpressure.maxStep": str(spec.backpressure.max_step),
         "spark.speculation": str(spec.speculation.enabled).lower(),
         "spark.speculation.multiplier": str(spec.speculation.multiplier),
         "spark.speculation.quantile": str(spec.speculation.quantile),

@@ -2,6 +2,13 @@
 
 After each batch the estimator turns (records, processing time, scheduling delay) into the rate
 the next batch may admit; the controller converts that rate into a record budget per batch.
+
+One deliberate departure from Spark: an update moves the rate by at most a factor of `max_step`
+(2 by default) from the last estimate. A batch slowed by something else (an interactive query, a
+garbage collection, a lost executor) measures a processing rate far below what the job
+sustains; Spark's law would follow it down and, with the scheduling delay that batch caused,
+often to minRate. Bounded, one such batch halves the rate at worst and the next normal batch
+restores it, while a real overload still halves the rate every batch until it fits.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ class PidTerms:
 
 
 class PIDRateEstimator:
-    """Spark's PIDRateEstimator: the same control law, defaults and update rules."""
+    """Spark's PIDRateEstimator: the same control law, defaults and update rules; each step
+    bounded by `max_step` (see the module docstring)."""
 
     def __init__(
         self,
@@ -31,6 +39,7 @@ class PIDRateEstimator:
         integral: float = 0.2,
         derivative: float = 0.0,
         min_rate: float = 100.0,
+        max_step: float = 2.0,
     ):
         if batch_interval_ms <= 0:
             raise ValueError(f"batch interval must be positive, got {batch_interval_ms} ms")
@@ -43,11 +52,14 @@ class PIDRateEstimator:
                 raise ValueError(f"{label} gain must be >= 0, got {gain}")
         if min_rate <= 0:
             raise ValueError(f"minRate must be > 0, got {min_rate}")
+        if max_step <= 1:
+            raise ValueError(f"maxStep must be > 1, got {max_step}")
         self.batch_interval_ms = batch_interval_ms
         self.proportional = proportional
         self.integral = integral
         self.derivative = derivative
         self.min_rate = min_rate
+        self.max_step = max_step
         self._first_run = True
         self._latest_time = -1
         self._latest_rate = -1.0
@@ -65,13 +77,16 @@ class PIDRateEstimator:
         error = self._latest_rate - processing_rate
         historical_error = scheduling_ms * processing_rate / self.batch_interval_ms
         derivative_error = (error - self._latest_error) / since_update_s
-        new_rate = max(
+        pid_rate = (
             self._latest_rate
             - self.proportional * error
             - self.integral * historical_error
-            - self.derivative * derivative_error,
-            self.min_rate,
+            - self.derivative * derivative_error
         )
+        bounded = min(
+            max(pid_rate, self._latest_rate / self.max_step), self._latest_rate * self.max_step
+        )
+        new_rate = max(bounded, self.min_rate)
         self._latest_time = time_ms
         if self._first_run:
             self._latest_rate = processing_rate

@@ -1,17 +1,25 @@
-"""The batch scheduler: a timer that plans each batch's input on time, and a runner that executes
-batches in order.
+"""The batch scheduler: a timer that marks batch times due on the interval grid, and a runner that
+sizes and executes batches in order.
 
-Per batch: plan input ranges (within the rate limit) -> write the batch record -> run the output
-jobs -> write the commit marker -> forget old RDDs and log entries -> notify listeners. Planning
-happens at the batch time even when the runner is behind, so queued batches show up as scheduling
-delay (and the rate controller reacts), exactly as in Spark's JobGenerator/JobScheduler.
+Per batch: size its input when it starts (within the rate limit in force then) -> write the batch
+record -> run the output jobs -> write the commit marker -> forget old RDDs and log entries ->
+notify listeners. Spark's JobGenerator sizes a batch when its time comes, so batches queued behind
+a slow one keep ranges planned under an old rate and backpressure cannot pull a job out of a deep
+overload; sizing at start means every batch runs under the newest rate.
+
+With backpressure on, batch times that fell due while the runner was busy are *coalesced*: the
+latest due time runs, with one interval's budget, and the earlier ones become batches with no
+input and no output of their own (their records wait at the source, visible as lag). Their state
+and window steps still happen, inside the next batch's lineage, so windows and state equal a run
+in which those batches admitted nothing. With backpressure off every batch time runs with what
+arrived in its interval, as in pyspark.streaming, which keeps a rate source's batches a pure
+function of time.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -54,6 +62,7 @@ class BatchInfo:
     processing_start_ms: int | None = None
     processing_end_ms: int | None = None
     error: str | None = None
+    coalesced: list[int] = field(default_factory=list)  # earlier due times merged into this one
     state_checkpoints: dict[str, Any] = field(default_factory=dict)
     checkpoint_seconds: float | None = None  # writing the batch record + commit marker
 
@@ -88,6 +97,7 @@ class BatchInfo:
             "schedulingDelaySeconds": _seconds(self.schedulingDelay()),
             "processingSeconds": _seconds(self.processingDelay()),
             "totalDelaySeconds": _seconds(self.totalDelay()),
+            "coalescedBatches": len(self.coalesced),
             "error": self.error,
         }
 
@@ -130,9 +140,11 @@ class BatchScheduler:
         self.clock = clock
         self._checkpoint = checkpoint
         self.rate_controllers = rate_controllers
-        self._queue: queue.Queue[BatchInfo | None] = queue.Queue()
+        self._due: deque[int] = deque()  # batch times whose time has come, not yet started
+        self._replays: deque[BatchInfo] = deque()  # uncommitted batches found at recovery
+        self._wakeup = threading.Condition()
+        self._stopping = False
         self._stop_generating = threading.Event()
-        self._stop_running = threading.Event()
         self._threads: list[threading.Thread] = []
         self._listeners: list[Any] = []
         self.history: deque[BatchInfo] = deque(maxlen=HISTORY)
@@ -182,22 +194,19 @@ class BatchScheduler:
             )
         return first_ms
 
-    def stop(self, graceful: bool, timeout_s: float | None = None) -> None:
-        """Stop planning batches; graceful finishes the queued batches (bounded), else only the
-        one running. Batches planned but not run stay uncommitted in the log and replay later."""
+    def stop(self) -> None:
+        """Stop marking batch times due and let the running batch finish and commit. Times that
+        are due but not started have no batch record yet, so nothing is lost: a restart from the
+        checkpoint runs them (replayed batches found at recovery are re-run the same way)."""
         self.state = "stopping"
         self._stop_generating.set()
         if self._threads:
             self._threads[0].join()
-        if not graceful:
-            self._stop_running.set()
-        self._queue.put(None)
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify_all()
         if len(self._threads) > 1:
-            wait = timeout_s if timeout_s is not None else 10 * self._graph.batch_ms / 1000
-            self._threads[1].join(wait if graceful else None)
-            if self._threads[1].is_alive():
-                self._stop_running.set()
-                self._threads[1].join()
+            self._threads[1].join()
         self.state = "stopped"
 
     # -- recovery -------------------------------------------------------------------------
@@ -215,6 +224,8 @@ class BatchScheduler:
             for source in self._graph.inputs:
                 if source.name in record["ranges"]:
                     source.replay(time_ms, record["ranges"][source.name])
+                for skipped in record.get("coalesced", []):
+                    source.skip(skipped)
         if found.records:
             positions = found.records[max(found.records)].get("positions", {})
             for source in self._graph.inputs:
@@ -229,8 +240,9 @@ class BatchScheduler:
                 {s.name: s.records_in(record["ranges"][s.name]) for s in self._graph.inputs},
                 dict(record.get("rateLimits", {})),
                 kind="replayed",
+                coalesced=list(record.get("coalesced", [])),
             )
-            self._queue.put(info)
+            self._replays.append(info)
         last = found.last_time if found.last_time is not None else self._graph.zero_ms
         self.recovery = Recovery(found.pending, restored, found.torn, last + self._graph.batch_ms)
         log.warning(
@@ -298,13 +310,20 @@ class BatchScheduler:
         assert self._checkpoint is not None
         batch = self._graph.batch_ms
         times = sorted(found.records)
-        missing = [t for a, b in itertools.pairwise(times) for t in range(a + batch, b, batch)]
+        covered = {t for r in found.records.values() for t in r.get("coalesced", [])}
+        missing = [
+            t
+            for a, b in itertools.pairwise(times)
+            for t in range(a + batch, b, batch)
+            if t not in covered
+        ]
         problems = [f"no readable batch record for {datetime_of(t)} ({t})" for t in missing]
-        log_reaches_start = not times or times[0] <= self._graph.zero_ms + batch
+        first = min([*times[:1], *covered], default=None)
+        log_reaches_start = first is None or first <= self._graph.zero_ms + batch
         if not log_reaches_start:
             problems += [
                 f"stream #{s._index} ({type(s).__name__}) has no readable state checkpoint and "
-                f"the batch log now starts at {datetime_of(times[0])}"
+                f"the batch log now starts at {datetime_of(first)}"
                 for s in self._graph.streams
                 if s._must_checkpoint and str(s._index) not in restored
             ]
@@ -315,65 +334,94 @@ class BatchScheduler:
                 + "\nstart fresh (`dstream run --fresh`) to move it aside and begin again"
             )
 
-    # -- planning -------------------------------------------------------------------------
+    # -- the timer ------------------------------------------------------------------------
 
     def _generate_loop(self, first_ms: int) -> None:
+        """Mark each batch time due when the clock reaches it; nothing is planned yet."""
         next_ms = first_ms
         while self.clock.wait_until(next_ms, self._stop_generating):
-            try:
-                self._plan(next_ms)
-            except Exception as error:
-                log.exception("planning batch %s failed", datetime_of(next_ms))
-                self._ssc._report_error(error)
-                return
+            with self._wakeup:
+                self._due.append(next_ms)
+                self._wakeup.notify_all()
             next_ms += self._graph.batch_ms
 
-    def _plan(self, time_ms: int) -> None:
+    def pending_batches(self) -> int:
+        """Batch times due (or recovered) and not yet started."""
+        return len(self._due) + len(self._replays)
+
+    @property
+    def coalescing(self) -> bool:
+        """Due times are merged only under backpressure: without it a batch's input is exactly
+        what arrived in its interval, and every batch time must run to keep it so."""
+        return bool(self.rate_controllers)
+
+    # -- the runner -----------------------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        while (taken := self._take_next()) is not None:
+            if isinstance(taken, BatchInfo):
+                info = taken
+            else:
+                try:
+                    info = self._plan(taken)
+                except Exception as error:
+                    log.exception("planning batch %s failed", datetime_of(taken[-1]))
+                    self._ssc._report_error(error)
+                    return
+            self._run(info)
+            if self.state == "recovering" and not self._replays:
+                self.state = "running"
+
+    def _take_next(self) -> BatchInfo | list[int] | None:
+        """A recovered batch first, else the due times the next batch stands for (all of them
+        when coalescing); None once stopping."""
+        with self._wakeup:
+            self._wakeup.wait_for(lambda: self._stopping or self._replays or self._due)
+            if self._stopping:
+                return None
+            if self._replays:
+                return self._replays.popleft()
+            count = len(self._due) if self.coalescing else 1
+            return [self._due.popleft() for _ in range(count)]
+
+    def _plan(self, times: list[int]) -> BatchInfo:
+        """Size the batch at times[-1] under the rate limits in force now, merge the earlier due
+        times into it, and log it before any task runs."""
+        time_ms, coalesced = times[-1], times[:-1]
         now = self.clock.now_ms()
         ranges, records, limits = {}, {}, {}
         for source in self._graph.inputs:
             controller = self.rate_controllers.get(source.name)
             budget = controller.max_records() if controller else None
+            for skipped in coalesced:
+                source.skip(skipped)
             ranges[source.name] = source.plan(time_ms, budget)
             records[source.name] = source.records_in(ranges[source.name])
             limits[source.name] = controller.rate_limit if controller else None
         checkpoint_seconds = None
         if self._checkpoint is not None:
             started = time.perf_counter()
-            self._checkpoint.write_batch(
-                time_ms,
-                {
-                    "ranges": ranges,
-                    "rateLimits": limits,
-                    "positions": {s.name: s.position() for s in self._graph.inputs},
-                },
-            )
+            record: dict[str, Any] = {
+                "ranges": ranges,
+                "rateLimits": limits,
+                "positions": {s.name: s.position() for s in self._graph.inputs},
+            }
+            if coalesced:
+                record["coalesced"] = coalesced
+            self._checkpoint.write_batch(time_ms, record)
             checkpoint_seconds = time.perf_counter() - started
-        kind = "catch-up" if now - time_ms >= self._graph.batch_ms else "live"
+        late = now - time_ms >= self._graph.batch_ms
         info = BatchInfo(
             time_ms,
-            max(now, time_ms),
+            time_ms,
             records,
             limits,
-            kind=kind,
+            kind="catch-up" if late else "live",
+            coalesced=coalesced,
             checkpoint_seconds=checkpoint_seconds,
         )
         self._notify("onBatchSubmitted", info)
-        self._queue.put(info)
-
-    def pending_batches(self) -> int:
-        return self._queue.qsize()
-
-    # -- running --------------------------------------------------------------------------
-
-    def _run_loop(self) -> None:
-        while not self._stop_running.is_set():
-            info = self._queue.get()
-            if info is None:
-                return
-            self._run(info)
-            if self.state == "recovering" and self._queue.empty():
-                self.state = "running"
+        return info
 
     def _run(self, info: BatchInfo) -> None:
         time_ms = info.batch_time_ms

@@ -189,6 +189,7 @@ class Backpressure(SpecModel):
     initial_rate: int | None = Field(None, ge=1)
     min_rate: int = Field(100, ge=1)
     max_rate: int | None = Field(None, ge=1)
+    max_step: float = Field(2.0, gt=1)
     pid: Pid = Field(default_factory=Pid)
 
     @model_validator(mode="after")

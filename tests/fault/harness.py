@@ -428,20 +428,3 @@ class InProcessJob:
             self.now_ms += self.batch_ms
             ssc._clock.advance(self.batch_ms)
             ssc._scheduler.wait_for_batch(self.now_ms, timeout_s)
-
-    def plan_without_running(self, ssc: Any, batches: int) -> None:
-        """Advance the clock so batches are planned (logged) and stop before they commit."""
-        for _ in range(batches):
-            self.now_ms += self.batch_ms
-            ssc._clock.advance(self.batch_ms)
-        last_record = self.job.checkpoint / "log" / f"batch-{self.now_ms}.json"
-        wait_until(last_record.exists, 30)
-        ssc.stop(stopSparkContext=False)
-
-
-def wait_until(condition: Callable[[], Any], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.02)

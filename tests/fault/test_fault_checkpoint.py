@@ -42,8 +42,8 @@ def assert_exact(job: InProcessJob) -> None:
 
 def test_torn_log_files_are_skipped_and_output_stays_exact(job):
     ssc = job.start()
-    job.run(ssc, 3)
-    job.plan_without_running(ssc, 2)
+    job.run(ssc, 5)
+    ssc.stop(stopSparkContext=False)
     log_dir = job.job.checkpoint / "log"
     record, commit = newest(log_dir, "batch"), newest(log_dir, "commit")
     record.write_bytes(record.read_bytes()[: record.stat().st_size // 2])  # truncated
