@@ -2,7 +2,8 @@
 
 Backpressure is configured as in Spark, through the SparkConf
 (`spark.streaming.backpressure.enabled`, `.initialRate`, `.pid.*`, and
-`dstream.backpressure.maxRate`, `dstream.backpressure.maxStep`), so pyspark.streaming programs keep their settings and spec-driven jobs set the same keys.
+`spark.dstream.backpressure.maxRate`, `.maxStep`), so pyspark.streaming programs keep their
+settings and spec-driven jobs set the same keys.
 """
 
 from __future__ import annotations
@@ -177,12 +178,12 @@ class StreamingContext:
                 integral=number("spark.streaming.backpressure.pid.integral", "0.2"),
                 derivative=number("spark.streaming.backpressure.pid.derived", "0.0"),
                 min_rate=number("spark.streaming.backpressure.pid.minRate", "100"),
-                max_step=number("dstream.backpressure.maxStep", "2.0"),
+                max_step=number("spark.dstream.backpressure.maxStep", "2.0"),
             )
             controllers[source.name] = RateController(
                 estimator,
                 initial_rate=number("spark.streaming.backpressure.initialRate", None),
-                max_rate=number("dstream.backpressure.maxRate", None),
+                max_rate=number("spark.dstream.backpressure.maxRate", None),
             )
         return controllers
 

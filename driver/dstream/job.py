@@ -39,7 +39,7 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
         "spark.streaming.backpressure.pid.integral": str(spec.backpressure.pid.integral),
         "spark.streaming.backpressure.pid.derived": str(spec.backpressure.pid.derivative),
         "spark.streaming.backpressure.pid.minRate": str(spec.backpressure.min_rate),
-        "dstream.backpressure.maxStep": str(spec.backpressure.max_step),
+        "spark.dstream.backpressure.maxStep": str(spec.backpressure.max_step),
         "spark.speculation": str(spec.speculation.enabled).lower(),
         "spark.speculation.multiplier": str(spec.speculation.multiplier),
         "spark.speculation.quantile": str(spec.speculation.quantile),
@@ -47,7 +47,7 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
     if spec.backpressure.initial_rate is not None:
         settings["spark.streaming.backpressure.initialRate"] = str(spec.backpressure.initial_rate)
     if spec.backpressure.max_rate is not None:
-        settings["dstream.backpressure.maxRate"] = str(spec.backpressure.max_rate)
+        settings["spark.dstream.backpressure.maxRate"] = str(spec.backpressure.max_rate)
     settings.update(spec.spark_conf)
     settings.update(extra)
     conf = SparkConf().setAll(list(settings.items()))
@@ -93,6 +93,16 @@ def build_context(job: StreamingJob, sc: SparkContext) -> StreamingContext:
     return ssc
 
 
+def ignore_sigterm_in_jvm(sc: SparkContext) -> None:
+    """Kubernetes, like `kill -TERM -<pgid>`, signals every process of the driver, the Spark JVM
+    included, whose default handler runs the shutdown hooks that stop the SparkContext and cancel
+    the running batch. The Python driver owns the stop instead: it lets the batch finish and
+    commit, then stops Spark itself. The JVM still exits when the Python process dies (it reads
+    its stdin until EOF), and SIGKILL still reaches it."""
+    signal = sc._jvm.sun.misc.Signal
+    signal.handle(signal("TERM"), sc._jvm.sun.misc.SignalHandler.SIG_IGN)
+
+
 class ProgressPrinter:
     """One line per completed batch: time, records, delays, rate limit (the demo's view)."""
 
@@ -128,6 +138,7 @@ class JobRuntime:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         self.sc = SparkContext.getOrCreate(spark_conf(job, master, conf or {}))
         self.sc.setLogLevel(os.environ.get("DSTREAM_SPARK_LOG_LEVEL", "WARN"))
+        ignore_sigterm_in_jvm(self.sc)
         if fresh and job.spec.checkpoint is not None:
             move_checkpoint_aside(job.spec.checkpoint.path)
         self.ssc = build_context(job, self.sc)

@@ -200,10 +200,14 @@ class Driver:
             os.kill(self.pid, signal.SIGKILL)
         self.reap()
 
-    def terminate(self, timeout_s: float) -> int:
-        """SIGTERM (graceful stop) and wait for the exit code."""
+    def terminate(self, timeout_s: float, whole_group: bool = False) -> int:
+        """SIGTERM (graceful stop) to the driver, or to its whole group as Kubernetes signals
+        every process of a pod, and wait for the exit code."""
         assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
+        if whole_group:
+            _killpg(self.pid, signal.SIGTERM)
+        else:
+            self.process.send_signal(signal.SIGTERM)
         code = self.process.wait(timeout_s)
         self.reap()
         return code
@@ -428,3 +432,13 @@ class InProcessJob:
             self.now_ms += self.batch_ms
             ssc._clock.advance(self.batch_ms)
             ssc._scheduler.wait_for_batch(self.now_ms, timeout_s)
+
+
+def wait_until(condition: Callable[[], Any], timeout_s: float) -> Any:
+    """Poll `condition` until it is truthy (its value is returned); TimeoutError after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not reached within {timeout_s} s")
+        time.sleep(0.05)
+    return value
