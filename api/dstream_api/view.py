@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from dstream.metrics import recovery_counts
+from dstream.pools import QUERIES, use_pool
 
 from dstream_api.models import (
     Batch,
@@ -242,8 +243,9 @@ class RuntimeView:
             return result
         sc = self._runtime.sc
         rdds = [retained[t] for t in times]
-        with self._query_lock:  # one Spark query at a time: queries must not starve the stream
+        with self._query_lock:  # one Spark query at a time, in the pool that yields to batches
             try:
+                use_pool(sc, QUERIES)
                 sc.setJobGroup("dstream-api-query", f"slice {query.stream}", True)
                 union = sc.union(rdds) if len(rdds) > 1 else rdds[0]
                 if query.top is not None:

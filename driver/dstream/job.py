@@ -14,7 +14,7 @@ from typing import Any
 
 from pyspark import SparkConf, SparkContext
 
-from dstream import pydaemon
+from dstream import pools, pydaemon
 from dstream.apps import COUNTING, build_app
 from dstream.checkpoint import move_checkpoint_aside
 from dstream.context import StreamingContext
@@ -32,6 +32,7 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
     spec = job.spec
     settings: dict[str, str] = {
         **pydaemon.SPARK_CONF,
+        **pools.SPARK_CONF,
         "spark.app.name": f"dstream-{job.metadata.name}",
         "spark.ui.showConsoleProgress": "false",
         "spark.streaming.backpressure.enabled": str(spec.backpressure.enabled).lower(),

@@ -22,6 +22,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from dstream.pools import QUERIES, use_pool
+
 if TYPE_CHECKING:
     from pyspark import RDD
 
@@ -198,7 +200,9 @@ class StateKeysSampler:
                 yield name, generated[max(generated)] if generated else None
 
     def _count(self, newest: dict[str, RDD]) -> None:
-        self._ssc.sparkContext.setJobGroup(SAMPLER_JOB_GROUP, "dstream state size sample", True)
+        sc = self._ssc.sparkContext
+        use_pool(sc, QUERIES)
+        sc.setJobGroup(SAMPLER_JOB_GROUP, "dstream state size sample", True)
         counts = dict(self.counts)
         for name, rdd in newest.items():
             try:

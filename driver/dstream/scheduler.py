@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark import RDD
 from pyspark.rdd import Partitioner, portable_hash
 
+from dstream import pools
 from dstream.checkpoint import (
     CheckpointDir,
     CheckpointMismatchError,
@@ -358,6 +359,7 @@ class BatchScheduler:
     # -- the runner -----------------------------------------------------------------------
 
     def _run_loop(self) -> None:
+        pools.use_pool(self._ssc.sparkContext, pools.BATCHES)
         while (taken := self._take_next()) is not None:
             if isinstance(taken, BatchInfo):
                 info = taken

@@ -121,6 +121,12 @@ def _printer_columns() -> list[dict[str, Any]]:
             "jsonPath": ".status.rateLimit",
             "description": "Records per second the next batch may admit",
         },
+        {
+            "name": "Lag",
+            "type": "integer",
+            "jsonPath": ".status.lagRecords",
+            "description": "Records offered by the sources and not yet admitted",
+        },
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

@@ -71,6 +71,11 @@ class JobStatus(StatusModel):
     rate_limit: float | None = Field(
         None, description="Records per second the next batch may admit, over all sources."
     )
+    lag_records: int | None = Field(
+        None,
+        ge=0,
+        description="Records the sources offer that no batch has admitted yet, over all sources.",
+    )
 
     def to_patch(self) -> dict[str, Any]:
         """The status as a JSON merge patch of the fields the supervisor owns.
@@ -171,19 +176,28 @@ class DriverReport:
     scheduling_delay_seconds: float | None
     total_delay_seconds: float | None
     rate_limit: float | None
+    lag_records: int | None
+
+
+def _total(values: list[Any]) -> Any:
+    """The sum over sources, or None when any source cannot tell (unlimited, unknown lag)."""
+    return sum(values) if values and None not in values else None
 
 
 def driver_report(document: Mapping[str, Any]) -> DriverReport:
-    """Read the driver API's status document; a source without a limit makes the total unlimited."""
+    """Read the driver API's status document; a source without a limit makes the total
+    unlimited, and one that cannot tell its lag makes the total unknown."""
     last = document.get("lastBatch") or {}
     limits = list((document.get("rateLimit") or {}).values())
+    lags = list((document.get("backlog") or {}).values())
     return DriverReport(
         state=str(document.get("state", "")),
         last_batch_time=datetime.fromisoformat(last["time"]) if last.get("time") else None,
         processing_seconds=last.get("processingSeconds"),
         scheduling_delay_seconds=last.get("schedulingDelaySeconds"),
         total_delay_seconds=last.get("totalDelaySeconds"),
-        rate_limit=float(sum(limits)) if limits and None not in limits else None,
+        rate_limit=None if (limit := _total(limits)) is None else float(limit),
+        lag_records=_total(lags),
     )
 
 
@@ -250,6 +264,7 @@ def with_driver(
             "scheduling_delay_seconds": report.scheduling_delay_seconds,
             "total_delay_seconds": report.total_delay_seconds,
             "rate_limit": report.rate_limit,
+            "lag_records": report.lag_records,
         }
     return status.model_copy(update=update)
 

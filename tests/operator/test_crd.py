@@ -87,7 +87,7 @@ def test_crd_names_and_subresources():
     assert version["name"] == "v1alpha1"
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Batch", "Last Batch", "Rate", "Restarts", "Age"]
+    assert columns == ["Phase", "Batch", "Last Batch", "Rate", "Lag", "Restarts", "Age"]
 
 
 def test_printer_columns_point_at_schema_fields():
@@ -155,6 +155,7 @@ def test_a_full_status_fits_the_status_schema():
         scheduling_delay_seconds=0.0,
         total_delay_seconds=0.4,
         rate_limit=2000.0,
+        lag_records=350,
     )
     stored = {key: value for key, value in status.to_patch().items() if value is not None}
     validator("status").validate(stored | {"observedGeneration": 3})

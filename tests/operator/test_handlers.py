@@ -69,6 +69,7 @@ async def test_running_driver_reports_batches(operator, driver_api):
         "records": 100,
     }
     driver_api["rateLimit"] = {"rate": 1500.0}
+    driver_api["backlog"] = {"rate": 4200}
     await create(operator, job_manifest())
     await wait_for(lambda: current(operator, PODS, "wc-driver"))
     await set_pod_status(operator, "wc-driver", "Running", ready=True)
@@ -79,6 +80,7 @@ async def test_running_driver_reports_batches(operator, driver_api):
         lambda: status_of(operator).get("lastBatchTime") and status_of(operator)
     )
     assert status["rateLimit"] == 1500.0
+    assert status["lagRecords"] == 4200
     assert status["totalDelaySeconds"] == 0.5
     assert {c["type"]: c["status"] for c in status["conditions"]}["DriverReady"] == "True"
     driver_api["state"] = "recovering"

@@ -54,6 +54,14 @@ def test_pod_facts_read_operator_annotations():
     assert (facts.stop_reason, facts.spec_hash, facts.deleting) == ("suspend", "h", True)
 
 
+def test_driver_report_sums_the_lag_of_every_source():
+    report = status.driver_report({"state": "running", "backlog": {"a": 1200, "b": 34}})
+    assert report.lag_records == 1234
+    unknown = status.driver_report({"state": "running", "backlog": {"a": 5, "b": None}})
+    assert unknown.lag_records is None
+    assert status.driver_report({"state": "running"}).lag_records is None
+
+
 def test_driver_report_sums_rate_limits():
     report = status.driver_report(
         {
