@@ -44,7 +44,9 @@ class Status(ApiModel):
     rate_limit: dict[str, float | None] = Field(
         description="Records per second each source's next batch may admit; null: unlimited."
     )
-    pending_batches: int = Field(ge=0, description="Batches planned and waiting to run.")
+    pending_batches: int = Field(
+        ge=0, description="Batch times due (or recovered) and not yet started."
+    )
     backlog: dict[str, int | None] = Field(
         description="Records available at each source but not yet admitted (null: unknown)."
     )
@@ -56,8 +58,13 @@ class Status(ApiModel):
 class Batch(ApiModel):
     time: datetime
     kind: str = Field(
-        description="live; catch-up (planned late, the job was behind); replayed (re-run from "
-        "the checkpoint after a restart)."
+        description="live; catch-up (started an interval or more late, backpressure off); "
+        "replayed (re-run from the checkpoint after a restart)."
+    )
+    coalesced_batches: int = Field(
+        ge=0,
+        description="Earlier batch times merged into this batch because they fell due while "
+        "the job was behind (backpressure on): they admitted nothing and wrote no output.",
     )
     records: int = Field(ge=0)
     records_by_source: dict[str, int]

@@ -87,6 +87,7 @@ def batch_of(info: BatchInfo) -> Batch:
     return Batch(
         time=utc(info.batch_time_ms),
         kind=info.kind,
+        coalesced_batches=len(info.coalesced),
         records=info.numRecords(),
         records_by_source=dict(info.records),
         rate_limit=dict(info.rate_limits),

@@ -78,6 +78,13 @@ class StreamingMetrics:
             ["job"],
             registry=registry,
         ).labels(job=job)
+        self.coalesced_batches = Counter(
+            "dstream_coalesced_batches_total",
+            "Batch times merged into a later batch because they fell due while the job was behind "
+            "(backpressure on): no input and no output of their own.",
+            ["job"],
+            registry=registry,
+        ).labels(job=job)
         self.input_records = Counter(
             "dstream_input_records_total",
             "Records admitted into completed batches, per source.",
@@ -132,6 +139,7 @@ class StreamingMetrics:
         self.batches_completed.inc()
         if info.error is not None:
             self.failed_batches.inc()
+        self.coalesced_batches.inc(len(info.coalesced))
         for source, records in info.records.items():
             self.input_records.labels(job=self.job, source=source).inc(records)
         processing, scheduling, total = (
@@ -262,11 +270,13 @@ class LiveCollector(Collector):
         }
         backlog = GaugeMetricFamily(
             "dstream_backlog_records",
-            "Records available at the source but not admitted into any batch yet.",
+            "Records available at the source but not admitted into any batch yet (source lag).",
             labels=per_source,
         )
         pending = GaugeMetricFamily(
-            "dstream_pending_batches", "Batches planned and waiting to run.", labels=["job"]
+            "dstream_pending_batches",
+            "Batch times due (or recovered from the checkpoint) and not yet started.",
+            labels=["job"],
         )
         recoveries = CounterMetricFamily(
             "dstream_recoveries",

@@ -22,8 +22,12 @@ def ssc(sc):
     return manual_context(sc)
 
 
-def completed(time_ms: int, records: int, error: str | None = None) -> BatchEvent:
-    info = BatchInfo(time_ms, time_ms + 100, {"rate": records}, {"rate": 1000.0})
+def completed(
+    time_ms: int, records: int, error: str | None = None, coalesced: tuple[int, ...] = ()
+) -> BatchEvent:
+    info = BatchInfo(
+        time_ms, time_ms + 100, {"rate": records}, {"rate": 1000.0}, coalesced=list(coalesced)
+    )
     info.processing_start_ms = time_ms + 600  # waited 500 ms
     info.processing_end_ms = time_ms + 2600  # ran 2 s
     info.checkpoint_seconds = 0.02
@@ -37,8 +41,10 @@ def test_completed_batches_update_counters_histograms_and_gauges(ssc):
     metrics = StreamingMetrics(JOB, ssc, state_keys_interval_s=3600)
     assert value(metrics, "dstream_input_records_total", source="rate") == 0
     assert value(metrics, "dstream_failed_batches_total") == 0
+    assert value(metrics, "dstream_coalesced_batches_total") == 0
     metrics.onBatchCompleted(completed(1000, 700))
-    metrics.onBatchCompleted(completed(2000, 300, error="ValueError: boom"))
+    metrics.onBatchCompleted(completed(4000, 300, error="ValueError: boom", coalesced=(2000, 3000)))
+    assert value(metrics, "dstream_coalesced_batches_total") == 2
     assert value(metrics, "dstream_batches_completed_total") == 2
     assert value(metrics, "dstream_failed_batches_total") == 1
     assert value(metrics, "dstream_input_records_total", source="rate") == 1000
@@ -48,7 +54,7 @@ def test_completed_batches_update_counters_histograms_and_gauges(ssc):
     assert value(metrics, "dstream_last_batch_processing_seconds") == 2.0
     assert value(metrics, "dstream_last_batch_scheduling_delay_seconds") == 0.5
     assert value(metrics, "dstream_last_batch_total_delay_seconds") == 2.5
-    assert value(metrics, "dstream_last_completed_batch_timestamp_seconds") == 2.0
+    assert value(metrics, "dstream_last_completed_batch_timestamp_seconds") == 4.0
     assert value(metrics, "dstream_checkpoint_seconds_sum") == pytest.approx(0.04)
     assert value(metrics, "dstream_batch_interval_seconds") == 1.0
 
