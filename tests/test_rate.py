@@ -158,6 +158,14 @@ def test_initial_rate_limits_until_the_estimator_speaks():
     assert limited.rate_limit == pytest.approx(5000)
 
 
+def test_an_initial_rate_above_the_first_measurement_comes_down_to_it_at_once():
+    limited = controller(initial=50_000)
+    limited.update(1000, 50_000, 10_000, 0)  # processing 5000/s, ten times below the limit
+    assert limited.rate_limit == pytest.approx(5000)
+    limited.update(2000, 5000, 1000, 0)  # then Spark's law, from that measurement
+    assert limited.rate_limit == pytest.approx(5000)
+
+
 def test_budget_is_rate_times_batch_interval():
     assert controller(batch_ms=500, initial=3000).max_records() == 1500
     assert controller(batch_ms=2000, initial=3000).max_records() == 6000

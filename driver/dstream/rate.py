@@ -66,6 +66,16 @@ class PIDRateEstimator:
         self._latest_error = -1.0
         self.last_terms: PidTerms | None = None
 
+    @property
+    def primed(self) -> bool:
+        """Whether a valid update has recorded a processing rate (Spark's first run is over)."""
+        return not self._first_run
+
+    @property
+    def latest_rate(self) -> float:
+        """The last estimate, or after the first valid update the processing rate it measured."""
+        return self._latest_rate
+
     def compute(
         self, time_ms: int, records: int, processing_ms: int, scheduling_ms: int
     ) -> float | None:
@@ -133,7 +143,13 @@ class RateController:
         return max(1, int(rate * self.estimator.batch_interval_ms / 1000))
 
     def update(self, time_ms: int, records: int, processing_ms: int, scheduling_ms: int) -> None:
+        """Apply the estimator's new rate. Spark's first valid update only records the processing
+        rate, which leaves an initialRate set far too high in force for one more overloaded
+        batch; here a limit above that first measurement comes down to it at once."""
         with self._lock:
+            primed = self.estimator.primed
             new_rate = self.estimator.compute(time_ms, records, processing_ms, scheduling_ms)
+            if new_rate is None and not primed and self.estimator.primed and self._rate is not None:
+                new_rate = min(self._rate, self.estimator.latest_rate)
             if new_rate is not None:
                 self._rate = self._capped(new_rate)
