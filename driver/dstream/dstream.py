@@ -83,6 +83,15 @@ class DStream:
             "checkpointMs": self._checkpoint_ms,
         }
 
+    def _previous_time(self, time_ms: int) -> int:
+        """The slide step before time_ms at which this stream last stepped. Coalesced batch
+        times are skipped: stepping through each would cost a stage per skipped time in one
+        ever deeper lineage, and they carry no input."""
+        previous = time_ms - self._slide_ms
+        while previous in self._ssc._graph.coalesced:
+            previous -= self._slide_ms
+        return previous
+
     def _is_time_valid(self, time_ms: int) -> bool:
         zero = self._ssc._graph.zero_ms
         return time_ms > zero and (time_ms - zero) % self._slide_ms == 0

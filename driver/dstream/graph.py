@@ -30,6 +30,7 @@ class DStreamGraph:
         self._deadletter_fallback: Path | None = None
         self._marked: dict[int, tuple[DStream, RDD, int]] = {}
         self.in_force: dict[int, list[tuple[int, str]]] = {}
+        self.coalesced: set[int] = set()  # batch times merged into a later batch (scheduler.py)
         self._lock = threading.Lock()
 
     def add_stream(self, stream: DStream) -> int:
@@ -63,12 +64,18 @@ class DStreamGraph:
     def max_remember_ms(self) -> int:
         return max((s._remember_ms for s in self.streams), default=self.batch_ms)
 
+    def coalesce(self, times: list[int]) -> None:
+        """These batch times are not batches: no stream has an RDD for them, and stateful
+        streams step from the last batch that ran (DStream._previous_time)."""
+        self.coalesced.update(times)
+
     def clear_metadata(self, time_ms: int) -> None:
         for stream in self.streams:
             stream._clear_metadata(time_ms)
         horizon = time_ms - self.max_remember_ms()
         for source in self.inputs:
             source.forget_before(horizon)
+        self.coalesced = {t for t in self.coalesced if t >= horizon}
 
     # -- state checkpoints --------------------------------------------------------------
 

@@ -225,8 +225,7 @@ class BatchScheduler:
             for source in self._graph.inputs:
                 if source.name in record["ranges"]:
                     source.replay(time_ms, record["ranges"][source.name])
-                for skipped in record.get("coalesced", []):
-                    source.skip(skipped)
+            self._graph.coalesce(record.get("coalesced", []))
         if found.records:
             positions = found.records[max(found.records)].get("positions", {})
             for source in self._graph.inputs:
@@ -391,12 +390,11 @@ class BatchScheduler:
         times into it, and log it before any task runs."""
         time_ms, coalesced = times[-1], times[:-1]
         now = self.clock.now_ms()
+        self._graph.coalesce(coalesced)
         ranges, records, limits = {}, {}, {}
         for source in self._graph.inputs:
             controller = self.rate_controllers.get(source.name)
             budget = controller.max_records() if controller else None
-            for skipped in coalesced:
-                source.skip(skipped)
             ranges[source.name] = source.plan(time_ms, budget)
             records[source.name] = source.records_in(ranges[source.name])
             limits[source.name] = controller.rate_limit if controller else None

@@ -33,7 +33,6 @@ class InputDStream(DStream):
         super().__init__(ssc, [], ssc._graph.batch_ms)
         self.name = name
         self._ranges: dict[int, Any] = {}
-        self._skipped: set[int] = set()
         ssc._graph.add_input(self)
 
     def signature(self) -> dict[str, Any]:
@@ -50,13 +49,7 @@ class InputDStream(DStream):
         self._ranges[time_ms] = planned
         self._advance_past(planned)
 
-    def skip(self, time_ms: int) -> None:
-        """The batch at time_ms was coalesced into a later one: it has no input."""
-        self._skipped.add(time_ms)
-
     def compute(self, time_ms: int) -> RDD | None:
-        if time_ms in self._skipped:
-            return self._sc.emptyRDD()
         if time_ms not in self._ranges:
             return None
         return self._read(time_ms, self._ranges[time_ms])
@@ -64,7 +57,6 @@ class InputDStream(DStream):
     def forget_before(self, time_ms: int) -> None:
         for t in [t for t in self._ranges if t < time_ms]:
             del self._ranges[t]
-        self._skipped = {t for t in self._skipped if t >= time_ms}
 
     def records_in(self, planned: Any) -> int:
         raise NotImplementedError

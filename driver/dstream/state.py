@@ -34,7 +34,7 @@ class StateDStream(DStream):
         self.persist(StorageLevel.MEMORY_ONLY)
 
     def compute(self, time_ms: int) -> RDD | None:
-        previous = self.getOrCompute(time_ms - self._slide_ms)
+        previous = self.getOrCompute(self._previous_time(time_ms))
         batch = self._parents[0].getOrCompute(time_ms)
         if batch is None:
             return previous
@@ -76,7 +76,7 @@ class TrackedDStream(DStream):
         return {**super().signature(), "timeoutMs": self._timeout_ms}
 
     def compute(self, time_ms: int) -> RDD | None:
-        previous = self.getOrCompute(time_ms - self._slide_ms)
+        previous = self.getOrCompute(self._previous_time(time_ms))
         batch = self._parents[0].getOrCompute(time_ms)
         if previous is None and batch is None:
             return None

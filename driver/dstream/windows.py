@@ -96,11 +96,14 @@ class ReducedWindowedDStream(DStream):
         parent = self._parents[0]
         step = parent._slide_ms
         begin = time_ms - self._window_ms
-        previous_end = time_ms - self._slide_ms
+        previous_end = self._previous_time(time_ms)
         previous = self.getOrCompute(previous_end)
         when = datetime_of(time_ms)
-        # Spark's rule: for a short window, reducing it whole beats adding and subtracting.
-        if previous is not None and self._window_ms >= 5 * self._slide_ms:
+        # Spark's rule: for a short window, reducing it whole beats adding and subtracting. The
+        # previous window may end more than a slide back (coalesced times): the same formula
+        # then adds and subtracts several batches at once, as long as the two windows overlap.
+        incremental = self._window_ms >= 5 * self._slide_ms and previous_end > begin
+        if previous is not None and incremental:
             leaving = parent._slice_ms(previous_end - self._window_ms + step, begin)
             current = self._subtract(when, previous, leaving) if leaving else previous
             entering = parent._slice_ms(previous_end + step, time_ms)

@@ -47,6 +47,7 @@ class RateJob:
     checkpoint_interval_s: int = 4
     parallelism: int = 1  # shuffle partitions: few tasks, as the suite shares 2 cores
     task_sleep_s: float = 0
+    record_micros: float = 0
     extra_spec: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -66,7 +67,11 @@ class RateJob:
             "batchInterval": f"{self.batch_s}s",
             "app": {
                 "module": "faultapp:build",
-                "args": {"window": self.window_s, "taskSleepSeconds": self.task_sleep_s},
+                "args": {
+                    "window": self.window_s,
+                    "taskSleepSeconds": self.task_sleep_s,
+                    "recordMicros": self.record_micros,
+                },
             },
             "source": {
                 "type": "rate",
