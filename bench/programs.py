@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from functools import partial
+from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from typing import Any
 
@@ -65,14 +64,20 @@ def grep_counts(lines: Any, variant: str) -> Any:
 def build(workload: str, variant: str, lines: Any) -> None:
     """The program: `workload` in `variant` on `lines`, its digest recorded per batch."""
     if workload == "grep":
-        grep_counts(lines, variant).foreachRDD(partial(record, grep_digest))
+        grep_counts(lines, variant).foreachRDD(recorder(grep_digest))
     else:
         digest = count_digest if workload == "wordcount" else top_digest
-        windowed_counts(lines, variant).foreachRDD(partial(record, digest))
+        windowed_counts(lines, variant).foreachRDD(recorder(digest))
 
 
-def record(digest: Any, time: Any, rdd: Any) -> None:
-    OUTPUTS[round(time.timestamp() * 1000)] = digest(rdd)
+def recorder(digest: Callable[[Any], Any]) -> Callable[[Any, Any], None]:
+    """The output operation: the batch's digest into OUTPUTS (a plain two-argument function,
+    as pyspark.streaming's foreachRDD inspects its arity)."""
+
+    def record(time: Any, rdd: Any) -> None:
+        OUTPUTS[round(time.timestamp() * 1000)] = digest(rdd)
+
+    return record
 
 
 def grep_digest(rdd: Any) -> int:

@@ -43,7 +43,8 @@ def judge(
     output_ok: bool,
     output_reason: str,
 ) -> Verdict:
-    """A trial passes when its sampled outputs match the reference, all `expected` measured
+    """A trial passes when its sampled outputs match the reference (a trial that completed no
+    batch at all is too slow, not wrong), all `expected` measured
     batches completed, 90% of them processed within the interval, and the scheduling delay did
     not grow (mean of the last third minus the first third at most GROWTH_LIMIT_MS)."""
     n = len(processing_ms)
@@ -59,6 +60,8 @@ def judge(
     def verdict(kind: str, reason: str) -> Verdict:
         return Verdict(kind, reason, p50, p90, growth, n)
 
+    if n == 0:
+        return verdict(SLOW, "no measured batch completed in time")
     if not output_ok:
         return verdict(WRONG, output_reason)
     if n < expected:
