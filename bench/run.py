@@ -132,8 +132,9 @@ def gated_trial(worker: Worker, command: dict[str, Any], gate: Gate) -> dict[str
         event["busy"] = busy
         if busy is None or gate.allow_load:
             return event
-        progress(f"    redo ({busy})")
-        wait_for_quiet(gate, max_wait_s=120)
+        if attempt < gate.retries:
+            progress(f"    redo ({busy})")
+            wait_for_quiet(gate, max_wait_s=120)
     event["verdict"].update(kind=BUSY, reason=busy)
     return event
 
