@@ -31,7 +31,14 @@ def run(workload: str, variant: str, rate: int, batches: int, log_dir: str) -> l
     from dstream import StreamingContext
 
     conf = spark_conf("local[2]", 2, "dstream.pydaemon")
-    conf.setAll([("spark.eventLog.enabled", "true"), ("spark.eventLog.dir", log_dir)])
+    conf.setAll(
+        [
+            ("spark.eventLog.enabled", "true"),
+            ("spark.eventLog.dir", log_dir),
+            ("spark.eventLog.compress", "false"),
+            ("spark.eventLog.rolling.enabled", "false"),
+        ]
+    )
     sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
     print(f"driver pid {os.getpid()}", file=sys.stderr, flush=True)
@@ -57,8 +64,10 @@ def run(workload: str, variant: str, rate: int, batches: int, log_dir: str) -> l
 
 
 def read_events(log_dir: str) -> list[dict[str, Any]]:
-    (path,) = Path(log_dir).iterdir()
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """Every event of the run (one uncompressed event file, or a directory of rolled ones)."""
+    files = sorted(p for p in Path(log_dir).rglob("*") if p.is_file() and p.stat().st_size)
+    files = [p for p in files if not p.name.startswith((".", "appstatus"))]
+    return [json.loads(line) for path in files for line in path.read_text().splitlines()]
 
 
 def jobs_by_group(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
