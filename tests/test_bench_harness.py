@@ -193,3 +193,46 @@ def test_same_program_passes_the_checker_on_a_real_job(sc, system_name):
     check = check_outputs("wordcount", 300, 2, run.outputs, run.intervals, 3)
     assert check.ok, check.reason
     assert run.intervals == sorted(run.intervals) and run.intervals[0] >= 2
+
+
+def test_recovery_runs_at_half_of_the_systems_own_confirmed_maximum():
+    from bench.recovery import recovery_subject
+
+    table = {
+        "wordcount": {
+            "dstream/tutorial": {"status": "confirmed", "rate": 100_000},
+            "dstream/tuned": {"status": "confirmed", "rate": 300_000},
+            "structured/expert": {"status": "no passing rate", "rate": None},
+            "structured/plain": {"status": "confirmed", "rate": 1_000},
+        }
+    }
+    tuned = recovery_subject("dstream", table, "dstream.pydaemon")
+    assert (tuned.variant, tuned.rate) == ("tuned", 150_000)
+    assert recovery_subject("structured", table, "dstream.pydaemon").variant == "plain"
+    assert recovery_subject("pyspark.streaming", table, "dstream.pydaemon") is None
+
+
+def test_report_prints_no_figure_without_a_confirmation(tmp_path):
+    from bench.report import write_report
+    from bench.run import PLANS, Gate
+
+    rows = {
+        "dstream/tuned": {"status": "confirmed", "rate": 123_000, "processing_p50_ms": 600},
+        "pyspark.streaming/tuned": {"status": "no passing rate", "rate": None},
+        "structured/plain": {"status": "wrong output", "rate": None, "reason": "batch 7"},
+    }
+    machine = {"cores": 2, "cpu": "x", "memory_gb": 1, "os": "y", "python": "3.11"}
+    machine |= {"pyspark": "4", "java": "17", "load_at_start": (1, 1, 1), "load_at_end": (1, 1, 1)}
+    path = write_report(
+        tmp_path,
+        "today",
+        machine,
+        {"dstream.pydaemon": {"wordcount": rows}},
+        {},
+        Gate(0.25, 10, 2, False),
+        PLANS["full"],
+    )
+    text = path.read_text()
+    assert "| wordcount | dstream/tuned | confirmed | 123,000 |" in text
+    assert "| wordcount | pyspark.streaming/tuned | no passing rate | none |" in text
+    assert "wrong output: batch 7 | none |" in text
