@@ -34,7 +34,10 @@ test-fast: setup
 e2e: setup
 	bash e2e/offline.sh
 
-# Benchmarks against pyspark.streaming and Structured Streaming (bench/README.md).
+# Benchmarks against pyspark.streaming and Structured Streaming (bench/README.md); progress on
+# stderr. `make bench` writes bench/results/<date>.md; `make bench-quick` proves the harness
+# (short trials, no confirmation: not a result). BENCH_ARGS passes options (python -m bench -h).
+BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-stamp
 
 $(BENCH_STAMP): $(STAMP)
@@ -42,10 +45,10 @@ $(BENCH_STAMP): $(STAMP)
 	touch $(BENCH_STAMP)
 
 bench: setup $(BENCH_STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 bench-quick: setup $(BENCH_STAMP)
-	$(BIN)/python -m bench --quick
+	$(BIN)/python -m bench --quick $(BENCH_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

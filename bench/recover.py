@@ -18,7 +18,7 @@ import time
 import psutil
 from pyspark import SparkContext
 
-from bench.systems import SYSTEM_CLASSES, Batch, StructuredSystem, spark_conf
+from bench.systems import DAEMONS, SYSTEM_CLASSES, Batch, StructuredSystem, spark_conf
 
 
 def emit(**fields: object) -> None:
@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--system", choices=sorted(SYSTEM_CLASSES), required=True)
     parser.add_argument("--workload", default="wordcount")
+    parser.add_argument("--variant", required=True)
+    parser.add_argument("--daemon", choices=DAEMONS, required=True)
     parser.add_argument("--rate", type=int, required=True)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--batches", type=int, required=True, help="stop after this many")
@@ -48,15 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--partitions", type=int, default=2)
     args = parser.parse_args(argv)
-    sc = SparkContext(conf=spark_conf(args.master, args.partitions, args.system))
+    sc = SparkContext(conf=spark_conf(args.master, args.partitions, args.daemon))
     sc.setLogLevel("ERROR")
     try:
         system = SYSTEM_CLASSES[args.system](sc, args.partitions)
         system.on_batch = lambda batch: emit(event="batch", **Batch.to_json(batch))
         if isinstance(system, StructuredSystem):
-            stop = system.start(args.workload, args.rate, args.checkpoint, wall_clock=True)
+            stop = system.start(
+                args.workload, args.variant, args.rate, args.checkpoint, wall_clock=True
+            )
         else:
-            stop = system.start(args.workload, args.rate, args.checkpoint)
+            stop = system.start(args.workload, args.variant, args.rate, args.checkpoint)
         emit(event="started", ms=int(time.time() * 1000))
         deadline = time.monotonic() + 3 * args.batches + 60
         try:

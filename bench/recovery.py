@@ -1,5 +1,7 @@
-"""Recovery experiments: an executor killed (local-cluster mode), and the driver killed and
-restarted from its checkpoint, for every system, on WordCount (the stateful workload).
+"""Recovery experiments on WordCount (the stateful workload), each system at half of its own
+confirmed maximum (its tuned or expert variant): the driver killed and restarted from its
+checkpoint, with `local[2]` and with `local-cluster[2,1,1024]` (separate executor JVMs), and one
+executor JVM of a local-cluster killed.
 
 Each run is a `bench.recover` process; its batches are read as they complete. A batch's delay is
 its end minus the end of its input interval (for Structured Streaming's `rate` source: minus the
@@ -22,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +35,33 @@ AFTER = 30  # batches run after it
 LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 
 
+@dataclass(frozen=True)
+class Subject:
+    """Who recovers: a system's variant on a worker daemon, at a rate."""
+
+    system: str
+    variant: str
+    daemon: str
+    rate: int
+
+
 def recover_command(
-    system: str, rate: int, checkpoint: str, batches: int, *extra: str
+    subject: Subject, checkpoint: str, batches: int, master: str, *extra: str
 ) -> list[str]:
     return [
         sys.executable,
         "-m",
         "bench.recover",
         "--system",
-        system,
+        subject.system,
+        "--variant",
+        subject.variant,
+        "--daemon",
+        subject.daemon,
+        "--master",
+        master,
         "--rate",
-        str(rate),
+        str(subject.rate),
         "--checkpoint",
         checkpoint,
         "--batches",
@@ -55,7 +74,8 @@ class RecoverProcess:
     """A running `bench.recover` in its own process group, its events collected by a thread."""
 
     def __init__(self, command: list[str], log_name: str):
-        log = open(ROOT / "bench" / "results" / "logs" / log_name, "w")  # noqa: SIM115
+        (ROOT / "bench" / "logs").mkdir(parents=True, exist_ok=True)
+        log = open(ROOT / "bench" / "logs" / log_name, "w")  # noqa: SIM115
         self.process = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
@@ -135,12 +155,12 @@ def summarize(before: list[dict[str, Any]], after: list[dict[str, Any]], fault_m
     }
 
 
-def executor_kill(system: str, rate: int) -> dict[str, Any]:
+def executor_kill(subject: Subject) -> dict[str, Any]:
     """One executor JVM of a local-cluster killed after BEFORE batches."""
-    checkpoint = tempfile.mkdtemp(prefix=f"bench-recovery-{system}-")
-    extra = ("--master", LOCAL_CLUSTER, "--kill-executor-after", str(BEFORE))
-    command = recover_command(system, rate, checkpoint, BEFORE + AFTER, *extra)
-    run = RecoverProcess(command, f"recovery-executor-{system}.log")
+    checkpoint = tempfile.mkdtemp(prefix=f"bench-recovery-{subject.system}-")
+    extra = ("--kill-executor-after", str(BEFORE))
+    command = recover_command(subject, checkpoint, BEFORE + AFTER, LOCAL_CLUSTER, *extra)
+    run = RecoverProcess(command, f"recovery-executor-{subject.system}.log")
     try:
         run.finish(timeout_s=6 * (BEFORE + AFTER) + 120)
     finally:
@@ -155,19 +175,20 @@ def executor_kill(system: str, rate: int) -> dict[str, Any]:
     return summarize(before, after, fault_ms)
 
 
-def driver_restart(system: str, rate: int) -> dict[str, Any]:
+def driver_restart(subject: Subject, master: str) -> dict[str, Any]:
     """The driver's process group SIGKILLed after BEFORE batches, then started again."""
-    checkpoint = tempfile.mkdtemp(prefix=f"bench-recovery-{system}-")
+    checkpoint = tempfile.mkdtemp(prefix=f"bench-recovery-{subject.system}-")
+    name = f"recovery-driver-{subject.system}-{master.split('[')[0]}"
     try:
         first = RecoverProcess(
-            recover_command(system, rate, checkpoint, 10_000), f"recovery-driver-{system}-1.log"
+            recover_command(subject, checkpoint, 10_000, master), f"{name}-1.log"
         )
         if not first.wait_for_batches(BEFORE, timeout_s=4 * BEFORE + 120):
             first.kill()
             return {"error": "the first run did not complete its batches (see the log)"}
         fault_ms = first.kill()
         second = RecoverProcess(
-            recover_command(system, rate, checkpoint, AFTER), f"recovery-driver-{system}-2.log"
+            recover_command(subject, checkpoint, AFTER, master), f"{name}-2.log"
         )
         second.finish(timeout_s=6 * AFTER + 120)
     finally:
@@ -177,20 +198,39 @@ def driver_restart(system: str, rate: int) -> dict[str, Any]:
     return summarize(first.batches(), second.batches(), fault_ms)
 
 
-def recovery_rate(table: dict[str, dict[str, dict[str, Any]]]) -> int:
-    """Half of the lowest WordCount maximum: every system can sustain it."""
-    rates = [row.get("rate", 0) for row in table.get("wordcount", {}).values()]
-    rates = [r for r in rates if r]
-    return max(1000, min(rates) // 2) if rates else 2000
+FAULTS = ("driver, local[2]", f"driver, {LOCAL_CLUSTER}", f"executor, {LOCAL_CLUSTER}")
 
 
-def run_recovery(systems: list[str], table: dict[str, dict[str, dict[str, Any]]]) -> dict:
-    rate = recovery_rate(table)
-    results: dict[str, Any] = {"rate": rate, "workload": "wordcount"}
+def run_faults(subject: Subject) -> dict[str, Any]:
+    return {
+        FAULTS[0]: driver_restart(subject, "local[2]"),
+        FAULTS[1]: driver_restart(subject, LOCAL_CLUSTER),
+        FAULTS[2]: executor_kill(subject),
+    }
+
+
+def recovery_subject(system: str, table: dict[str, Any], daemon: str) -> Subject | None:
+    """The system's best variant with a confirmed WordCount maximum, at half of it."""
+    from bench.systems import SYSTEM_CLASSES
+
+    for variant in reversed(SYSTEM_CLASSES[system].variants):  # tuned / expert first
+        row = table.get("wordcount", {}).get(f"{system}/{variant}", {})
+        if row.get("status") == "confirmed" and row.get("rate"):
+            return Subject(system, variant, daemon, max(100, row["rate"] // 2))
+    return None
+
+
+def run_recovery(systems: list[str], table: dict[str, Any], daemon: str) -> dict[str, Any]:
+    results: dict[str, Any] = {"workload": "wordcount", "daemon": daemon}
     for system in systems:
-        print(f"  recovery: {system}: executor kill at {rate:,}/s", file=sys.stderr, flush=True)
-        executor = executor_kill(system, rate)
-        print(f"  recovery: {system}: driver restart at {rate:,}/s", file=sys.stderr, flush=True)
-        driver = driver_restart(system, rate)
-        results[system] = {"executor": executor, "driver": driver}
+        subject = recovery_subject(system, table, daemon)
+        if subject is None:
+            results[system] = {"skipped": "no confirmed WordCount maximum to take half of"}
+            continue
+        print(
+            f"  recovery: {system}/{subject.variant} at {subject.rate:,}/s",
+            file=sys.stderr,
+            flush=True,
+        )
+        results[system] = {"variant": subject.variant, "rate": subject.rate, **run_faults(subject)}
     return results

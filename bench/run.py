@@ -1,11 +1,18 @@
-"""`python -m bench`: every system, side by side on this machine, and the report.
+"""`python -m bench`: every system and variant, interleaved on this machine, and the report.
 
-`--quick` (make bench-quick, a few minutes) runs short searches and prints one line per workload
-with the throughput ratios of dstream to each peer. The full run (make bench) searches with more
-and longer trials, confirms each maximum over 30+ batches, measures latency at half of it, runs
-the recovery experiments, and writes bench/results/<date>.md, a JSON file and PNG plots.
-Systems run one after the other (never concurrently: the machine has 2 cores), each in its own
-worker process whose memory is sampled.
+Two tables, one per Python worker daemon (dstream.pydaemon, then pyspark.daemon): for each, one
+worker process per system (`bench.worker`, its own JVM) stays up, and the searches of all
+(system, variant) pairs for a workload advance together, one trial each in turn (the order
+reversed every round), so that a change in the machine's load reaches all of them alike. Every
+search starts from the same fixed rates, never from earlier results. Each trial runs under the
+load gate (`bench.machine`): a trial during which other processes used the CPU is redone, at
+most `--retries` times, then reported as "machine busy".
+
+`--quick` (make bench-quick) runs short search trials without confirmations and prints what
+they found, labelled as not a result; it writes nothing. The full run (make bench) confirms
+every maximum, runs the recovery experiments and writes bench/results/<date>.md and .json.
+`--allow-load` lets trials count although others loaded the machine: a smoke run of the
+harness, labelled so, never written to bench/results.
 """
 
 from __future__ import annotations
@@ -13,207 +20,307 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.machine import describe_machine, load_average, wait_for_quiet
-from bench.memory import MemorySampler
-from bench.systems import SYSTEMS, WORKLOADS
+from bench.machine import LoadMonitor, busy_reason, describe_machine, others_now, summarize_load
+from bench.search import RateSearch
+from bench.systems import DAEMONS, SYSTEM_CLASSES, SYSTEMS, WORKLOADS
+from bench.trial import BUSY, Verdict, percentile, record_latencies
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+LOGS = ROOT / "bench" / "logs"
+START_RATES = {"grep": 200_000, "wordcount": 50_000, "topk": 50_000}
 
 
-def previous_rates() -> dict[str, dict[str, int]]:
-    """{system: {workload: rate}} from the newest committed full run, to start searches near."""
-    found = sorted(RESULTS.glob("*.json"))
-    if not found:
-        return {}
-    table = json.loads(found[-1].read_text()).get("table", {})
-    rates: dict[str, dict[str, int]] = {}
-    for workload, systems in table.items():
-        for system, row in systems.items():
-            if row.get("rate"):
-                rates.setdefault(system, {})[workload] = int(row["rate"])
-    return rates
+@dataclass(frozen=True)
+class Plan:
+    """How long trials are and how hard a search tries."""
+
+    warmup: int
+    measured: int
+    max_trials: int
+    tolerance: float
+    confirm: bool
+    confirm_warmup: int
+    confirm_measured: int
+    samples: int  # batches whose output is checked per trial
 
 
-def run_worker(system: str, plan: str, workloads: list[str], extra: list[str]) -> dict[str, Any]:
-    """One system's worker process; returns its events and the memory peaks per phase."""
-    command = [
-        sys.executable,
-        "-m",
-        "bench.worker",
-        "--system",
-        system,
-        "--plan",
-        plan,
-        "--workloads",
-        ",".join(workloads),
-        *extra,
-    ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    log_path = RESULTS / "logs" / f"{system}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    events: list[dict[str, Any]] = []
-    with open(log_path, "w") as log:
-        worker = subprocess.Popen(
-            command,
+PLANS = {
+    # Quick: a few short trials per search, no confirmation: proves the harness, not a result.
+    "quick": Plan(3, 6, 3, 0.3, False, 0, 0, 3),
+    # Full: p90 over 30 batches; a confirmation runs 15 + 45 batches, so the 30 s window is
+    # full (from batch 30 on) for 31 of its 45 measured batches.
+    "full": Plan(5, 30, 6, 0.1, True, 15, 45, 4),
+}
+
+
+class Worker:
+    """A `bench.worker` process: one system's JVM, taking trial commands one at a time."""
+
+    def __init__(self, system: str, daemon: str, master: str = "local[2]"):
+        LOGS.mkdir(parents=True, exist_ok=True)
+        log = open(LOGS / f"{system}-{daemon}.log", "w")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bench.worker", "--system", system, "--daemon", daemon]
+            + ["--master", master],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
-            env=env,
             cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
             start_new_session=True,
         )
-        sampler = MemorySampler(worker.pid).start()
+        log.close()
+        self._next_event()  # ready
+
+    def _next_event(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"worker exited ({self.process.poll()}); see {LOGS}")
+
+    def trial(self, command: dict[str, Any]) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        return self._next_event()
+
+    def close(self) -> None:
         try:
-            assert worker.stdout is not None
-            for line in worker.stdout:
-                if not line.startswith("{"):
-                    continue
-                event = json.loads(line)
-                events.append(event)
-                if event["event"] == "phase":
-                    sampler.label = f"{event['workload']}/{event['phase']}"
-                print_progress(system, event)
-            worker.wait()
-        finally:
-            sampler.stop()
-            kill_group(worker)
-    return {"events": events, "memory": dict(sampler.peaks), "returncode": worker.returncode}
+            assert self.process.stdin is not None
+            self.process.stdin.write(json.dumps({"quit": True}) + "\n")
+            self.process.stdin.close()
+            self.process.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # its JVM and Python workers, if left
+        except ProcessLookupError:
+            pass
+        self.process.wait()
 
 
-def kill_group(process: subprocess.Popen[Any]) -> None:
-    """End the worker's whole process group (its JVM and Python workers) if anything is left."""
-    import signal
+@dataclass(frozen=True)
+class Gate:
+    """The load gate: others' CPU limit over stretches of block_s, and how often to redo."""
 
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
+    limit_cores: float
+    block_s: float
+    retries: int
+    allow_load: bool
+
+
+def gated_trial(worker: Worker, command: dict[str, Any], gate: Gate) -> dict[str, Any]:
+    """Run a trial under the load gate; redo it while others load the machine."""
+    for attempt in range(gate.retries + 1):
+        with LoadMonitor() as monitor:
+            event = worker.trial(command)
+        event["load"] = summarize_load(monitor.samples)
+        event["attempt"] = attempt + 1
+        busy = busy_reason(monitor.samples, gate.limit_cores, gate.block_s)
+        event["busy"] = busy
+        if busy is None or gate.allow_load:
+            return event
+        if attempt < gate.retries:
+            progress(f"    redo ({busy})")
+            wait_for_quiet(gate, max_wait_s=120)
+    event["verdict"].update(kind=BUSY, reason=busy)
+    return event
+
+
+def wait_for_quiet(gate: Gate, max_wait_s: float) -> None:
+    deadline = time.monotonic() + max_wait_s
+    while time.monotonic() < deadline and others_now(5) > gate.limit_cores:
         pass
-    process.wait()
 
 
-def print_progress(system: str, event: dict[str, Any]) -> None:
-    kind = event["event"]
-    if kind == "trial":
-        mark = "ok" if event["sustainable"] else event["reason"]
-        confirm = " (confirmation)" if event["confirmation"] else ""
-        print(
-            f"  {system:18} {event['workload']:9} {event['rate']:>9,}/s{confirm}: "
-            f"p50 {event['processing_p50_ms']:.0f} ms: {mark}",
-            file=sys.stderr,
-            flush=True,
-        )
-    elif kind == "latency":
-        print(
-            f"  {system:18} {event['workload']:9} latency at {event['rate']:,}/s: "
-            f"p50 {event['p50_ms']:.0f} ms, p99 {event['p99_ms']:.0f} ms",
-            file=sys.stderr,
-            flush=True,
-        )
+def progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
-def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """{workload: {system: {rate, confirmed, p50_ms, p99_ms, memory...}}}."""
-    table: dict[str, dict[str, dict[str, Any]]] = {w: {} for w in WORKLOADS}
-    for system, run in runs.items():
-        for event in run["events"]:
-            workload = event.get("workload")
-            if workload is None:
+def trial_line(system: str, variant: str, event: dict[str, Any]) -> str:
+    v = event["verdict"]
+    kind = "confirm" if event["confirmation"] else "search"
+    load = event.get("load", {})
+    return (
+        f"  {event['workload']:9} {system:17} {variant:8} {event['rate']:>9,}/s {kind:7} "
+        f"p50 {v['processing_p50_ms']:5.0f} p90 {v['processing_p90_ms']:5.0f} ms "
+        f"load {load.get('load1_max', 0):.1f} others {load.get('others_cores_mean', 0):.2f}: "
+        f"{v['kind'] if v['kind'] != 'ok' else 'ok'}{'' if v['kind'] == 'ok' else ' (' + v['reason'] + ')'}"
+    )
+
+
+def search_workload(
+    workers: dict[str, Worker],
+    pairs: list[tuple[str, str]],
+    workload: str,
+    plan: Plan,
+    gate: Gate,
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """All pairs' searches for one workload, interleaved; per pair its result and trials."""
+    searches = {
+        pair: RateSearch(START_RATES[workload], plan.max_trials, plan.tolerance, plan.confirm)
+        for pair in pairs
+    }
+    events: dict[tuple[str, str], list[dict[str, Any]]] = {pair: [] for pair in pairs}
+    order = list(pairs)
+    while any(s.result is None for s in searches.values()):
+        for pair in order:
+            planned = searches[pair].next_trial()
+            if planned is None:
                 continue
-            row = table[workload].setdefault(system, {"rate": 0})
-            if event["event"] == "trial" and "load" in event:
-                row.setdefault("loads", []).append(event["load"])
-            elif event["event"] == "throughput":
-                row.update(rate=event["rate"], confirmed=event["confirmed"])
-            elif event["event"] == "latency":
-                row.update(
-                    latency_rate=event["rate"], p50_ms=event["p50_ms"], p99_ms=event["p99_ms"]
-                )
-        for workload in WORKLOADS:
-            peaks = run["memory"].get(f"{workload}/latency") or run["memory"].get(
-                f"{workload}/search"
-            )
-            if peaks and workload in table and system in table[workload]:
-                table[workload][system]["memory_mb"] = peaks
+            rate, confirmation = planned
+            command = {
+                "workload": workload,
+                "variant": pair[1],
+                "rate": rate,
+                "confirmation": confirmation,
+                "warmup": plan.confirm_warmup if confirmation else plan.warmup,
+                "measured": plan.confirm_measured if confirmation else plan.measured,
+                "samples": plan.samples,
+            }
+            event = gated_trial(workers[pair[0]], command, gate)
+            progress(trial_line(*pair, event))
+            events[pair].append(event)
+            searches[pair].record(rate, confirmation, Verdict(**event["verdict"]))
+        order.reverse()
+    return {pair: summarize_search(searches[pair], events[pair]) for pair in pairs}
+
+
+def summarize_search(search: RateSearch, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The row of a table: status, and figures only from the trial that established the rate."""
+    assert search.result is not None
+    row: dict[str, Any] = {"status": search.result.status, "rate": search.result.rate}
+    loads = [e["load"] for e in events if e.get("load")]
+    if loads:
+        row["load1"] = [min(x["load1_min"] for x in loads), max(x["load1_max"] for x in loads)]
+        row["others_cores_max_mean"] = max(x["others_cores_mean"] for x in loads)
+    row["trials"] = [
+        {k: e.get(k) for k in ("rate", "confirmation", "seconds", "attempt", "busy", "load")}
+        | {"verdict": e["verdict"]["kind"], "reason": e["verdict"]["reason"]}
+        for e in events
+    ]
+    if search.result.status in ("wrong output", "machine busy"):
+        row["reason"] = events[-1]["verdict"]["reason"]
+    deciding = [
+        e for e in events if e["rate"] == search.result.rate and e["verdict"]["kind"] == "ok"
+    ]
+    if search.result.rate is not None and deciding:
+        trial = deciding[-1]
+        processing = [b["processing_ms"] for b in trial["batches"]]
+        delays = [b["end_ms"] - b["time_ms"] for b in trial["batches"]]
+        latencies = record_latencies(delays)
+        row.update(
+            batches=len(processing),
+            processing_p50_ms=percentile(processing, 0.5),
+            processing_p90_ms=percentile(processing, 0.9),
+            latency_p50_ms=round(percentile(latencies, 0.5)),
+            latency_p99_ms=round(percentile(latencies, 0.99)),
+            checked_batches=trial["checked_batches"],
+        )
+    return row
+
+
+def run_table(
+    daemon: str,
+    systems: list[str],
+    workloads: list[str],
+    variants: set[str] | None,
+    plan: Plan,
+    gate: Gate,
+) -> dict[str, Any]:
+    """Every (system, variant) on `daemon`: {workload: {"system/variant": row}}, plus all events."""
+    progress(f"== worker daemon {daemon}: starting {', '.join(systems)}")
+    workers = {system: Worker(system, daemon) for system in systems}
+    pairs = [
+        (system, variant)
+        for system in systems
+        for variant in SYSTEM_CLASSES[system].variants
+        if variants is None or variant in variants
+    ]
+    table: dict[str, Any] = {}
+    try:
+        for workload in workloads:
+            progress(f"== {workload} on {daemon}: {len(pairs)} searches, interleaved")
+            rows = search_workload(workers, pairs, workload, plan, gate)
+            table[workload] = {f"{s}/{v}": row for (s, v), row in rows.items()}
+    finally:
+        for worker in workers.values():
+            worker.close()
     return table
 
 
-def ratio(table: dict[str, dict[str, Any]], peer: str) -> float | None:
-    ours, theirs = table.get("dstream", {}).get("rate"), table.get(peer, {}).get("rate")
-    return ours / theirs if ours and theirs else None
-
-
-def quick_lines(table: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
-    """One line per workload: rates and the ratios dstream/pyspark.streaming, dstream/structured."""
-    lines = []
-    for workload, systems in table.items():
-        if not systems:
-            continue
-        rates = ", ".join(f"{s} {systems[s].get('rate', 0):,}/s" for s in SYSTEMS if s in systems)
-        ratios = []
-        for peer in ("pyspark.streaming", "structured"):
-            r = ratio(systems, peer)
-            ratios.append(f"dstream/{peer} {r:.2f}x" if r else f"dstream/{peer} n/a")
-        lines.append(f"{workload:9} {'; '.join(ratios)}  ({rates})")
+def summary_lines(table: dict[str, Any], label: str) -> list[str]:
+    lines = [label]
+    for workload, rows in table.items():
+        for name, row in rows.items():
+            if row["rate"] is not None:
+                figure = (
+                    f"{row['rate']:>9,}/s  p50 {row.get('processing_p50_ms', 0):.0f} ms, "
+                    f"p90 {row.get('processing_p90_ms', 0):.0f} ms over {row.get('batches', 0)}"
+                )
+            else:
+                figure = f"no figure: {row['status']}" + (
+                    f" ({row['reason']})" if row.get("reason") else ""
+                )
+            lines.append(f"  {workload:9} {name:28} {row['status']:15} {figure}")
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="short searches, print ratios")
+    parser.add_argument("--quick", action="store_true", help="short searches, no confirmation")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--variants", default=None, help="comma list (default: all)")
+    parser.add_argument("--daemons", default=",".join(DAEMONS))
     parser.add_argument("--no-recovery", action="store_true", help="skip recovery experiments")
-    parser.add_argument("--quiet-wait", type=float, default=None, help="max s to wait for load")
+    parser.add_argument("--busy-cores", type=float, default=0.25, help="others' CPU limit")
+    parser.add_argument("--busy-block", type=float, default=10.0, help="seconds per stretch")
+    parser.add_argument("--retries", type=int, default=2, help="redos of a busy trial")
     parser.add_argument(
-        "--peers-with-dstream-daemon",
+        "--allow-load",
         action="store_true",
-        help="run the peers on dstream's Python worker daemon too (how much of the gap it is)",
+        help="smoke run: count trials despite others' load (labelled, never written)",
     )
     args = parser.parse_args(argv)
-    plan = "quick" if args.quick else "full"
-    systems = args.systems.split(",")
-    workloads = args.workloads.split(",")
-    wait = args.quiet_wait if args.quiet_wait is not None else (0 if args.quick else 900)
-    load_before = wait_for_quiet(2.5, wait)
-    started = time.time()
-    priors = previous_rates()
-    daemon = ["--dstream-daemon"] if args.peers_with_dstream_daemon else []
-    runs = {
-        system: run_worker(
-            system,
-            plan,
-            workloads,
-            ["--start-rates", json.dumps(priors.get(system, {})), *daemon],
-        )
-        for system in systems
-    }
-    table = summarize(runs)
+    plan = PLANS["quick" if args.quick else "full"]
+    gate = Gate(args.busy_cores, args.busy_block, args.retries, args.allow_load)
+    systems, workloads = args.systems.split(","), args.workloads.split(",")
+    variants = set(args.variants.split(",")) if args.variants else None
     machine = describe_machine()
-    machine["load_before"] = load_before
-    machine["load_after"] = load_average()
-    for line in quick_lines(table):
-        print(line, flush=True)
-    if args.quick:
-        print(f"({time.time() - started:.0f} s, load {load_before[0]:.1f} before)", flush=True)
+    started = time.time()
+    tables = {
+        daemon: run_table(daemon, systems, workloads, variants, plan, gate)
+        for daemon in args.daemons.split(",")
+    }
+    label = "QUICK RUN: search trials only, no confirmation; NOT A RESULT" if args.quick else ""
+    if args.allow_load:
+        label = "SMOKE RUN with --allow-load (other processes loaded the machine); NOT A RESULT"
+    for daemon, table in tables.items():
+        print("\n".join(summary_lines(table, f"{label or 'RESULT'}: worker daemon {daemon}")))
+    print(f"({time.time() - started:.0f} s)", flush=True)
+    if args.quick or args.allow_load:
         return 0
     from bench.recovery import run_recovery
     from bench.report import write_report
 
+    recovery = {} if args.no_recovery else run_recovery(systems, tables[DAEMONS[0]], DAEMONS[0])
+    machine["load_at_end"] = os.getloadavg()
     stamp = datetime.now().strftime("%Y-%m-%d")
-    write_report(RESULTS, stamp, machine, table, runs, {})  # kept if recovery is cut short
-    if not args.no_recovery:
-        recovery = run_recovery(systems, table)
-        machine["load_after"] = load_average()
-        write_report(RESULTS, stamp, machine, table, runs, recovery)
-    print(f"results: {RESULTS / stamp}.md", flush=True)
+    path = write_report(RESULTS, stamp, machine, tables, recovery, gate, plan)
+    print(f"results: {path}", flush=True)
     return 0
 
 

@@ -1,103 +1,157 @@
-"""Searching for the maximum sustainable rate with few trials.
+"""Searching for the maximum sustainable rate, one trial at a time.
 
-Processing time grows about linearly with the batch's records (p = a + b * rate), and a trial
-measures p even when the rate is not sustainable. So each next rate is where the line through
-the trials so far predicts `target` processing time, kept inside the bracket (highest passing
-rate, lowest failing rate) and bisected when the line points outside it. The search ends when the
-bracket is narrower than `tolerance` or the trials are used up; a confirmation run over more
-batches then checks the answer and steps down until it holds.
+The search is a state machine (`RateSearch`) so that the orchestrator can interleave the
+searches of several systems, one trial of each in turn. Processing time grows about linearly
+with the batch's records (p = a + b * rate), and a trial measures p even when the rate is not
+sustainable, so each next rate is where the line through the trials' p90 processing times
+predicts TARGET_MS (just under the pass limit: the search looks for the edge), kept
+inside the bracket (highest passing rate, lowest failing rate above it). When the bracket is
+narrow enough, or the trials are used up, the highest passing rate must pass a confirmation
+trial (longer, with the window full); a failed confirmation steps down and confirms again. The
+result is a confirmed rate or none at all: there is no fallback figure.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.trial import INTERVAL_MS, Verdict
+from bench.trial import BUSY, INTERVAL_MS, WRONG, Verdict
+
+TARGET_MS = 0.95 * INTERVAL_MS
+MIN_RATE = 100
+STEP_DOWN = 0.85  # after a failed confirmation
 
 
 @dataclass
 class Trial:
     rate: int
+    confirmation: bool
     verdict: Verdict
-    confirmation: bool = False
 
 
 @dataclass
 class SearchResult:
-    rate: int  # highest rate that passed (0: none)
+    """`rate` is set only when it passed a confirmation trial (or, in a search without
+    confirmations, a search trial; such a result is labelled unconfirmed by its caller)."""
+
+    status: str  # "confirmed", "passed search", "no passing rate", "wrong output", "machine busy"
+    rate: int | None
     trials: list[Trial] = field(default_factory=list)
-    confirmed: bool = False
 
 
-TARGET_MS = 0.85 * INTERVAL_MS
+def round_rate(rate: float) -> int:
+    """Two significant digits, so trial rates read well in the results."""
+    digits = max(0, int(math.log10(max(rate, 1))) - 1)
+    return max(MIN_RATE, int(round(rate, -digits)))
 
 
-def _predict(trials: list[Trial]) -> int | None:
-    """The rate at which the least-squares line through the trials reaches TARGET_MS."""
-    points = [(t.rate, t.verdict.processing_p50_ms) for t in trials if t.verdict.processing_p50_ms]
-    if not points:
-        return None
+def predict(trials: list[Trial]) -> float | None:
+    """The rate at which the least-squares line through the trials' p90 processing time
+    reaches TARGET_MS; None without two distinct rates or with a flat or falling line."""
+    points = [(t.rate, t.verdict.processing_p90_ms) for t in trials if t.verdict.batches]
     if len({r for r, _ in points}) < 2:
-        rate, processing = points[-1]
-        overhead = min(100.0, processing / 2)  # a guess of the fixed per-batch cost
-        return round(rate * (TARGET_MS - overhead) / max(1.0, processing - overhead))
+        return None
     mean_r = sum(r for r, _ in points) / len(points)
     mean_p = sum(p for _, p in points) / len(points)
-    slope = sum((r - mean_r) * (p - mean_p) for r, p in points) / sum(
-        (r - mean_r) ** 2 for r, _ in points
-    )
+    spread = sum((r - mean_r) ** 2 for r, _ in points)
+    slope = sum((r - mean_r) * (p - mean_p) for r, p in points) / spread
     if slope <= 0:
         return None
-    return round(mean_r + (TARGET_MS - mean_p) / slope)
+    return mean_r + (TARGET_MS - mean_p) / slope
 
 
-def _round(rate: float) -> int:
-    """Rates with two significant digits, so trial rates read well in the results."""
-    digits = max(0, int(math.log10(max(rate, 1))) - 1)
-    return max(100, int(round(rate, -digits)))
+class RateSearch:
+    """`next_trial()` says what to run next ((rate, confirmation) or None when done);
+    `record()` takes its verdict."""
 
+    def __init__(
+        self,
+        start: int,
+        max_trials: int,
+        tolerance: float,
+        confirm: bool,
+        max_confirmations: int = 3,
+    ):
+        self.start = start
+        self.max_trials = max_trials
+        self.tolerance = tolerance
+        self.confirm = confirm
+        self.max_confirmations = max_confirmations
+        self.trials: list[Trial] = []
+        self.result: SearchResult | None = None
 
-def find_max_rate(
-    run: Callable[[int, bool], Verdict],
-    start: int,
-    max_trials: int,
-    tolerance: float,
-    confirm: bool,
-) -> SearchResult:
-    """The highest sustainable rate; `run(rate, confirmation)` runs one trial."""
-    result = SearchResult(0)
-    low, high = 0, None
-    rate = start
-    for _ in range(max_trials):
-        verdict = run(rate, False)
-        result.trials.append(Trial(rate, verdict))
-        if verdict.sustainable:
-            low = max(low, rate)
-        else:
-            high = rate if high is None else min(high, rate)
-        if high is not None and low and high / low <= 1 + tolerance:
-            break
-        guess = _predict(result.trials)
-        lower_bound = low if low else rate / 8
-        upper_bound = high if high is not None else rate * 4
+    def _search_trials(self) -> list[Trial]:
+        return [t for t in self.trials if not t.confirmation]
+
+    def bracket(self) -> tuple[int | None, int | None]:
+        """(highest passing rate, lowest failing rate above it) of the search and the failed
+        confirmations (a rate that failed confirmation is a failing rate)."""
+        passed = [t.rate for t in self._search_trials() if t.verdict.sustainable]
+        failed = [t.rate for t in self.trials if not t.verdict.sustainable]
+        confirmed_failed = {
+            t.rate for t in self.trials if t.confirmation and not t.verdict.sustainable
+        }
+        passed = [r for r in passed if r not in confirmed_failed]
+        low = max(passed) if passed else None
+        above = [r for r in failed if low is None or r > low]
+        return low, (min(above) if above else None)
+
+    def next_trial(self) -> tuple[int, bool] | None:
+        if self.result is not None:
+            return None
+        if not self.trials:
+            return self.start, False
+        last = self.trials[-1]
+        if last.verdict.kind in (WRONG, BUSY):
+            return self._finish(last.verdict.kind, None)
+        if last.confirmation and last.verdict.sustainable:
+            return self._finish("confirmed", last.rate)
+        low, high = self.bracket()
+        if last.confirmation:
+            confirmations = sum(t.confirmation for t in self.trials)
+            if confirmations >= self.max_confirmations:
+                return self._finish("no passing rate", None)
+            below = round_rate(last.rate * STEP_DOWN)
+            return (low, True) if low is not None else self._confirm_or_stop(below)
+        narrow = low is not None and high is not None and high / low <= 1 + self.tolerance
+        used_up = len(self._search_trials()) >= self.max_trials
+        if narrow or used_up:
+            if low is None:
+                return self._finish("no passing rate", None)
+            if not self.confirm:
+                return self._finish("passed search", low)
+            return low, True
+        rate = self._next_search_rate(low, high, last.rate)
+        if rate is None or rate in (low, high):
+            return (low, True) if low and self.confirm else self._finish_search(low)
+        return rate, False
+
+    def _confirm_or_stop(self, rate: int) -> tuple[int, bool] | None:
+        if rate <= MIN_RATE and any(t.rate <= MIN_RATE for t in self.trials):
+            return self._finish("no passing rate", None)
+        return rate, True
+
+    def _finish_search(self, low: int | None) -> None:
+        if low is None:
+            return self._finish("no passing rate", None)
+        return self._finish("passed search", low)
+
+    def _finish(self, status: str, rate: int | None) -> None:
+        self.result = SearchResult(status, rate, self.trials)
+        return None
+
+    def _next_search_rate(self, low: int | None, high: int | None, last: int) -> int | None:
+        """Inside the bracket: the line's prediction, else the bracket's geometric middle;
+        without a failing rate yet at most 4x up, without a passing one at least 4x down."""
+        if low is None and high is not None and high <= MIN_RATE:
+            return None
+        lower = low * (1 + self.tolerance / 2) if low else last / 4
+        upper = high / (1 + self.tolerance / 2) if high else last * 4
+        guess = predict(self.trials)
         if guess is None:
-            guess = math.sqrt(lower_bound * upper_bound) if high is not None else rate * 2
-        else:  # the line overshoots a bracket end: step inside it instead
-            guess = min(max(guess, lower_bound * (1 + tolerance)), upper_bound / (1 + tolerance))
-        if high is not None and low:  # stay off the bracket's ends so the bracket shrinks
-            guess = min(max(guess, low * (1 + tolerance / 2)), high / (1 + tolerance / 2))
-        rate = _round(guess)
-        if rate == low or rate == high:
-            break
-    result.rate = low
-    if confirm and low:
-        for _ in range(3):
-            verdict = run(result.rate, True)
-            result.trials.append(Trial(result.rate, verdict, confirmation=True))
-            if verdict.sustainable:
-                result.confirmed = True
-                break
-            result.rate = _round(result.rate * 0.9)
-    return result
+            guess = math.sqrt(lower * upper) if low and high else (upper if not high else lower)
+        return round_rate(min(max(guess, lower), upper))
+
+    def record(self, rate: int, confirmation: bool, verdict: Verdict) -> None:
+        self.trials.append(Trial(rate, confirmation, verdict))

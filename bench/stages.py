@@ -17,7 +17,8 @@ from typing import Any
 
 from pyspark import SparkContext
 
-from bench.systems import RECORD_BYTES, SEED, spark_conf
+from bench.reference import RECORD_BYTES, SEED
+from bench.systems import spark_conf
 
 
 def _graphs() -> dict[str, Any]:
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=15)
     args = parser.parse_args(argv)
-    sc = SparkContext(conf=spark_conf("local[2]", 2, "dstream"))
+    sc = SparkContext(conf=spark_conf("local[2]", 2, "dstream.pydaemon"))
     sc.setLogLevel("ERROR")
     try:
         for name, build in _graphs().items():

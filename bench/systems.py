@@ -1,21 +1,20 @@
-"""The three workloads written idiomatically in each system, and one trial run of them.
+"""The systems under test, each running a workload variant at a fixed rate for one trial.
 
 A `System` owns one SparkContext (one JVM) and runs trials on it one after another: a trial
-starts a streaming job for a workload at a fixed input rate, waits until enough batches have
-completed, stops the job (not Spark) and returns the batches' timings. Every system emits each
-batch's result through a cheap action (a count, or the k top pairs), so output costs the same.
+starts a streaming job for a workload variant at a fixed input rate, waits until enough batches
+have completed, stops the job (not Spark) and returns the batches' timings and output digests,
+numbered by input interval k (batch k holds interval k's records, `bench.feed`).
 
-Workloads (the D-Stream paper's):
-- grep: how many lines of each batch contain PATTERN;
-- wordcount: word counts over a 30 s window sliding every 1 s;
-- topk: the K most frequent words over the last 30 s, every second.
+- dstream and pyspark.streaming run the same program text (`bench.programs`) on the lines of
+  their StreamingContext: dstream's own `rateStream`, and for pyspark.streaming a constant input
+  stream transformed into the same per-batch RDD (a slice list, lines made in tasks).
+- Structured Streaming runs its two formulations (`plain`, `expert`) on the `rate-micro-batch`
+  source joined with the same line pool.
 """
 
 from __future__ import annotations
 
-import operator
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -28,15 +27,11 @@ from typing import Any
 from dstream import pydaemon
 from pyspark import SparkConf, SparkContext
 
-from bench import feed
+from bench import feed, programs
+from bench.reference import GREP_PATTERN, RECORD_BYTES, SEED, TOP_K, WINDOW_BATCHES
 
-PATTERN = "bab"  # in about a quarter of the lines
-WINDOW_S = 30
-K = 10
-SEED = 7
-RECORD_BYTES = 100
-WORKLOADS = ("grep", "wordcount", "topk")
-SYSTEMS = ("dstream", "pyspark.streaming", "structured")
+WORKLOADS = programs.WORKLOADS
+DAEMONS = ("dstream.pydaemon", "pyspark.daemon")
 
 
 @dataclass
@@ -48,51 +43,61 @@ class Batch:
     scheduling_ms: int
     processing_ms: int
     end_ms: int
+    key: int  # what its output is recorded under: the batch time, or the micro-batch id
 
     def to_json(self) -> dict[str, int]:
         return asdict(self)
 
 
-def spark_conf(master: str, partitions: int, system: str | None = None) -> SparkConf:
-    """The same Spark settings for every system: quiet, local, `partitions` tasks per stage;
-    plus what the system itself sets (dstream: its Python worker daemon; the peers run as
-    their users run them). Python workers run this interpreter (the venv, where dstream and
-    bench import): PySpark reads PYSPARK_PYTHON when the SparkContext starts, and PYTHONPATH
-    reaches the workers."""
+@dataclass
+class TrialRun:
+    """What one trial produced: the measured batches, their interval numbers and all outputs."""
+
+    batches: list[Batch]
+    intervals: list[int]  # k of each measured batch
+    outputs: dict[int, Any]  # k -> digest, every batch that output
+
+
+def spark_conf(master: str, partitions: int, daemon: str) -> SparkConf:
+    """The same Spark settings for every system: local, `partitions` tasks per stage, and the
+    Python worker daemon under test. Python workers run this interpreter (the venv, where
+    dstream and bench import): PySpark reads PYSPARK_PYTHON when the SparkContext starts, and
+    PYTHONPATH reaches the workers."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (root, os.environ.get("PYTHONPATH", "")) if p
     )
-    return SparkConf().setAll(
-        [
-            ("spark.master", master),
-            ("spark.app.name", "dstream-bench"),
-            ("spark.ui.enabled", "false"),
-            ("spark.ui.showConsoleProgress", "false"),
-            ("spark.driver.host", "127.0.0.1"),
-            ("spark.driver.bindAddress", "127.0.0.1"),
-            ("spark.default.parallelism", str(partitions)),
-            ("spark.sql.shuffle.partitions", str(partitions)),
-            ("spark.sql.ansi.enabled", "false"),
-            ("spark.driver.memory", "2g"),
-            *(SYSTEM_CLASSES[system].spark_settings.items() if system else ()),
-        ]
-    )
+    settings = [
+        ("spark.master", master),
+        ("spark.app.name", "dstream-bench"),
+        ("spark.ui.enabled", "false"),
+        ("spark.ui.showConsoleProgress", "false"),
+        ("spark.driver.host", "127.0.0.1"),
+        ("spark.driver.bindAddress", "127.0.0.1"),
+        ("spark.default.parallelism", str(partitions)),
+        ("spark.sql.shuffle.partitions", str(partitions)),
+        ("spark.sql.ansi.enabled", "false"),
+        ("spark.driver.memory", "2g"),
+    ]
+    if daemon == "dstream.pydaemon":
+        settings += list(pydaemon.SPARK_CONF.items())
+    elif daemon != "pyspark.daemon":
+        raise ValueError(f"unknown worker daemon {daemon!r} (one of {DAEMONS})")
+    return SparkConf().setAll(settings)
 
 
 class System:
     """Base: a SparkContext, a job started per trial, and the batches its listener reports."""
 
     name = ""
-    spark_settings: dict[str, str] = {}
+    variants: tuple[str, ...] = ()
 
     def __init__(self, sc: SparkContext, partitions: int):
         self.sc = sc
         self.partitions = partitions
         self.on_batch: Callable[[Batch], None] | None = None  # live report (recovery runs)
         self._batches: list[Batch] = []
-        self._warmup = 0
         self._changed = threading.Condition()
 
     def _record(self, batch: Batch) -> None:
@@ -102,9 +107,6 @@ class System:
         if self.on_batch is not None:
             self.on_batch(batch)
 
-    def batches_done(self) -> int:
-        return len(self._batches)
-
     def wait_for(self, count: int, deadline: float) -> None:
         """Until `count` batches have completed or the deadline (time.monotonic()) passes."""
         with self._changed:
@@ -113,15 +115,21 @@ class System:
             )
 
     def run(
-        self, workload: str, rate: int, warmup: int, measured: int, timeout_s: float
-    ) -> list[Batch]:
-        """Run `workload` at `rate` records/s for `warmup` + `measured` batches (or until the
-        timeout) and return the measured ones."""
+        self,
+        workload: str,
+        variant: str,
+        rate: int,
+        warmup: int,
+        measured: int,
+        timeout_s: float,
+    ) -> TrialRun:
+        """Run the variant at `rate` records/s for `warmup` + `measured` batches (or until the
+        timeout); the measured batches and every batch's output."""
         self._batches = []
-        self._warmup = warmup
+        programs.OUTPUTS.clear()
         workdir = tempfile.mkdtemp(prefix=f"bench-{self.name}-")
         try:
-            stop = self.start(workload, rate, workdir)
+            stop = self.start(workload, variant, rate, workdir)
             try:
                 self.wait_for(warmup + measured, time.monotonic() + timeout_s)
             finally:
@@ -130,56 +138,46 @@ class System:
             shutil.rmtree(workdir, ignore_errors=True)
             for rdd in self.sc._jsc.getPersistentRDDs().values():
                 rdd.unpersist(False)
-        return self._measured()
+        batches = self._measured(warmup)[:measured]
+        outputs = {self.interval(t): digest for t, digest in programs.OUTPUTS.items()}
+        return TrialRun(batches, [self.interval(b.key) for b in batches], outputs)
 
-    def _measured(self) -> list[Batch]:
-        """The batches after the warm-up (listeners see them all)."""
-        return self._batches[self._warmup :]
+    def _measured(self, warmup: int) -> list[Batch]:
+        return self._batches[warmup:]
 
-    def start(self, workload: str, rate: int, checkpoint: str) -> Callable[[], None]:
+    def interval(self, key: int) -> int:
+        """The input interval k of an output key (a batch time for the DStream systems)."""
+        raise NotImplementedError
+
+    def start(self, workload: str, variant: str, rate: int, checkpoint: str) -> Callable[[], None]:
         """Start the job, recovering from `checkpoint` when it holds an earlier run; returns
         the function that stops it."""
         raise NotImplementedError
 
 
-def _emit_count(rdd: Any) -> None:
-    rdd.count()
-
-
-def _emit_all(rdd: Any) -> None:
-    rdd.collect()
-
-
-def _emit_top(rdd: Any) -> None:
-    k = K
-    rdd.takeOrdered(k, key=lambda kv: (-kv[1], kv[0]))
-
-
 class DStreamSystem(System):
-    """This project's engine running its built-in apps, fed by its own rate source."""
+    """This project's engine running the shared program on its own rate source."""
 
     name = "dstream"
-    spark_settings = pydaemon.SPARK_CONF
+    variants = programs.VARIANTS
 
-    def start(self, workload: str, rate: int, checkpoint: str) -> Callable[[], None]:
-        from dstream import apps
-        from dstream.context import StreamingContext
-        from dstream.spec import GrepArgs, TopkArgs, WordcountArgs
+    def start(self, workload: str, variant: str, rate: int, checkpoint: str) -> Callable[[], None]:
+        from dstream import StreamingContext
 
-        ssc = StreamingContext(self.sc, 1)
-        ssc.checkpoint(checkpoint)  # recovers at start() when the checkpoint holds a run
-        lines = ssc.rateStream(rate, self.partitions, SEED, RECORD_BYTES)
-        window = f"{WINDOW_S}s"
-        if workload == "grep":
-            apps.grep(ssc, lines, GrepArgs(pattern=PATTERN)).foreachRDD(_emit_all)
-        elif workload == "wordcount":
-            args = WordcountArgs(window=window, slide="1s")
-            apps.wordcount(ssc, lines, args).foreachRDD(_emit_count)
-        else:
-            apps.topk(ssc, lines, TopkArgs(k=K, window=window, slide="1s")).foreachRDD(_emit_all)
+        def setup() -> Any:
+            ssc = StreamingContext(self.sc, 1)
+            lines = ssc.rateStream(rate, self.partitions, SEED, RECORD_BYTES)
+            programs.build(workload, variant, lines)
+            return ssc
+
+        ssc = StreamingContext.getOrCreate(checkpoint, setup)
         ssc.addStreamingListener(_DStreamCollector(self))
         ssc.start()
+        self._graph = ssc._graph
         return lambda: ssc.stop(stopSparkContext=False)
+
+    def interval(self, key: int) -> int:
+        return (key - self._graph.zero_ms) // 1000
 
 
 class _DStreamCollector:
@@ -197,41 +195,40 @@ class _DStreamCollector:
                 info.schedulingDelay(),
                 info.processingDelay(),
                 info.processing_end_ms,
+                info.batch_time_ms,
             )
         )
 
 
 class LegacySystem(System):
-    """pyspark.streaming, as its users write it (reduceByKeyAndWindow with an inverse)."""
+    """pyspark.streaming running the shared program on a stream of the same per-batch RDDs."""
 
     name = "pyspark.streaming"
+    variants = programs.VARIANTS
 
-    def start(self, workload: str, rate: int, checkpoint: str) -> Callable[[], None]:
+    def start(self, workload: str, variant: str, rate: int, checkpoint: str) -> Callable[[], None]:
         from pyspark.streaming import StreamingContext
+
+        origin: dict[str, int | None] = {"ms": None}
 
         def setup() -> Any:
             ssc = StreamingContext(self.sc, 1)
             ssc.checkpoint(checkpoint)
-            lines = legacy_rate_lines(ssc, rate, self.partitions)
-            if workload == "grep":
-                pattern = PATTERN
-                matches = lines.filter(lambda line: re.search(pattern, line) is not None)
-                matches.count().foreachRDD(_emit_all)
-                return ssc
-            pairs = lines.flatMap(lambda line: line.split()).map(lambda word: (word, 1))
-            counts = pairs.reduceByKeyAndWindow(
-                operator.add, operator.sub, WINDOW_S, 1, filterFunc=lambda kv: kv[1] > 0
-            )
-            counts.foreachRDD(_emit_count if workload == "wordcount" else _emit_top)
+            programs.build(workload, variant, legacy_rate_lines(ssc, rate, self.partitions, origin))
             return ssc
 
         ssc = StreamingContext.getOrCreate(checkpoint, setup)
         ssc.addStreamingListener(_legacy_listener(self, rate))
         ssc.start()
+        self._origin = origin
         return lambda: ssc.stop(stopSparkContext=False, stopGraceFully=False)
 
+    def interval(self, key: int) -> int:
+        assert self._origin["ms"] is not None
+        return (key - self._origin["ms"]) // 1000
 
-def legacy_rate_lines(ssc: Any, rate: int, partitions: int) -> Any:
+
+def legacy_rate_lines(ssc: Any, rate: int, partitions: int, origin: dict[str, Any]) -> Any:
     """The rate source's lines as a pyspark.streaming DStream: the batch at time T holds interval
     k = (T - origin) / 1 s, the origin being 1 s before the first batch. The origin is kept in the
     transform function's closure, which the checkpoint saves, so a restarted driver goes on."""
@@ -245,7 +242,6 @@ def legacy_rate_lines(ssc: Any, rate: int, partitions: int) -> Any:
     )
     java_stream = sc._jvm.org.apache.spark.streaming.api.java.JavaDStream(constant, jrdd.classTag())
     ticks = DStream(java_stream, ssc, tick._jrdd_deserializer)
-    origin: dict[str, int | None] = {"ms": None}
     generate = feed.slice_lines(SEED, RECORD_BYTES)
 
     def interval_lines(time: Any, rdd: Any) -> Any:
@@ -272,16 +268,28 @@ def _legacy_listener(system: System, rate: int) -> Any:
                     info.schedulingDelay(),
                     info.processingDelay(),
                     info.processingEndTime(),
+                    info.batchTime().milliseconds(),
                 )
             )
 
     return Collector()
 
 
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+HDFS_STATE = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+
+
 class StructuredSystem(System):
-    """Structured Streaming, DataFrame API: event-time sliding windows, state store, 1 s trigger."""
+    """Structured Streaming, DataFrame API, 1 s trigger, in two formulations:
+    - plain: grep with `rlike`; counts with `groupBy(window(ts, 30 s, 1 s), word).count()`,
+      update mode, the default state store; a micro-batch outputs the current window's counts
+      of the words it updated (update mode's semantics, checked as such);
+    - expert: grep with `contains`; counts pre-aggregated per trigger (a 1 s tumbling window,
+      RocksDB state store with changelog checkpointing), then the last 30 per-second aggregates
+      summed in foreachBatch (kept as local checkpoints on the driver's block manager)."""
 
     name = "structured"
+    variants = ("plain", "expert")
 
     def __init__(self, sc: SparkContext, partitions: int):
         from pyspark.sql import SparkSession
@@ -290,6 +298,8 @@ class StructuredSystem(System):
         self.spark = SparkSession(sc)
         self.pool = feed.pool_frame(self.spark, SEED, RECORD_BYTES).cache()
         self.pool.count()
+        self._progress: list[dict[str, Any]] = []
+        self._wall_clock = False
 
     def lines(self, rate: int, start_ms: int, wall_clock: bool) -> Any:
         """The records as (line, timestamp) rows. Trials use `rate-micro-batch` (exactly one
@@ -312,38 +322,50 @@ class StructuredSystem(System):
         return indexed.join(sf.broadcast(self.pool), "idx").select("line", "timestamp")
 
     def start(
-        self, workload: str, rate: int, checkpoint: str, wall_clock: bool = False
+        self, workload: str, variant: str, rate: int, checkpoint: str, wall_clock: bool = False
     ) -> Callable[[], None]:
         from pyspark.sql import functions as sf
 
-        self._progress: list[dict[str, Any]] = []
+        self._progress = []
         self._checkpoint = checkpoint
         self._wall_clock = wall_clock
-        start_ms = int(time.time() * 1000)
+        expert = variant == "expert"
+        self.spark.conf.set(
+            "spark.sql.streaming.stateStore.providerClass", ROCKSDB if expert else HDFS_STATE
+        )
+        self.spark.conf.set(
+            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+            str(expert).lower(),
+        )
+        start_ms = (int(time.time()) - 60) * 1000  # whole seconds: window ends are aligned
         lines = self.lines(rate, start_ms, wall_clock)
         if workload == "grep":
-            matches = lines.where(sf.col("line").rlike(PATTERN))
-            writer = matches.writeStream.foreachBatch(lambda df, _id: df.count())
+            line = sf.col("line")
+            matches = lines.where(
+                line.contains(GREP_PATTERN) if expert else line.rlike(GREP_PATTERN)
+            )
+            writer = matches.writeStream.foreachBatch(_record_count)
         else:
             words = lines.select(
                 sf.explode(sf.split(sf.trim("line"), " +")).alias("word"), "timestamp"
             )
-            counts = (
-                words.withWatermark("timestamp", "1 second")
-                .groupBy(sf.window("timestamp", f"{WINDOW_S} seconds", "1 second"), "word")
-                .count()
+            window = (
+                sf.window("timestamp", "1 second")
+                if expert
+                else sf.window("timestamp", f"{WINDOW_BATCHES} seconds", "1 second")
             )
-            writer = counts.writeStream.outputMode("update")
-            if workload == "wordcount":
-                writer = writer.format("noop")
-            else:
-                writer = writer.foreachBatch(_top_of_current_window(start_ms))
+            counts = words.withWatermark("timestamp", "1 second").groupBy(window, "word").count()
+            sink = _RingSink(workload) if expert else _CurrentWindowSink(workload, start_ms)
+            writer = counts.writeStream.outputMode("update").foreachBatch(sink)
         self._query = (
             writer.option("checkpointLocation", checkpoint)
             .trigger(processingTime="1 second")
             .start()
         )
         return self._query.stop
+
+    def interval(self, key: int) -> int:
+        return key + 1  # batch id b holds rows [b * rate, (b + 1) * rate): interval b + 1
 
     def wait_for(self, count: int, deadline: float) -> None:
         """Poll the query's progress (a completed micro-batch each) into batches."""
@@ -352,10 +374,6 @@ class StructuredSystem(System):
             if len(self._progress) >= count:
                 return
             time.sleep(0.2)
-
-    def batches_done(self) -> int:
-        self._poll()
-        return len(self._progress)
 
     def _poll(self) -> None:
         seen = {p["batchId"] for p in self._progress}
@@ -366,8 +384,64 @@ class StructuredSystem(System):
             for batch in rate_source_batches(fresh, created):
                 self.on_batch(batch)
 
-    def _measured(self) -> list[Batch]:
-        return structured_batches(self._progress, self._warmup)
+    def _measured(self, warmup: int) -> list[Batch]:
+        return structured_batches(self._progress, warmup)
+
+
+def _record_count(df: Any, batch_id: int) -> None:
+    programs.OUTPUTS[batch_id] = df.count()
+
+
+def _sql_digest(workload: str, counts: Any) -> Any:
+    """The digest of a (word, count) DataFrame, computed in the JVM."""
+    from pyspark.sql import functions as sf
+
+    if workload == "wordcount":
+        row = counts.agg(
+            sf.count("*"),
+            sf.sum("count"),
+            sf.sum(sf.crc32(sf.col("word").cast("binary")) * sf.col("count")),
+        ).first()
+        return [int(v or 0) for v in row]
+    top = counts.orderBy(sf.desc("count"), "word").limit(TOP_K).collect()
+    return [[r["word"], int(r["count"])] for r in top]
+
+
+class _CurrentWindowSink:
+    """foreachBatch of the plain formulation: the rows of the window whose newest second is
+    this micro-batch's (rate-micro-batch stamps batch b's rows start + b s)."""
+
+    def __init__(self, workload: str, start_ms: int):
+        self.workload = workload
+        self.start_ms = start_ms
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as sf
+
+        end = sf.timestamp_millis(sf.lit(self.start_ms + (batch_id + 1) * 1000))
+        current = df.where(sf.col("window.end") == end).select("word", "count")
+        programs.OUTPUTS[batch_id] = _sql_digest(self.workload, current)
+
+
+class _RingSink:
+    """foreachBatch of the expert formulation: this second's counts join a ring of the last
+    WINDOW_BATCHES per-second aggregates, whose sum is the window's counts."""
+
+    def __init__(self, workload: str):
+        self.workload = workload
+        self.ring: list[Any] = []
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        from functools import reduce
+
+        from pyspark.sql import functions as sf
+
+        self.ring.append(df.select("word", "count").localCheckpoint(eager=True))
+        if len(self.ring) > WINDOW_BATCHES:
+            self.ring.pop(0).unpersist()
+        window = reduce(lambda a, b: a.unionAll(b), self.ring)
+        counts = window.groupBy("word").agg(sf.sum("count").alias("count"))
+        programs.OUTPUTS[batch_id] = _sql_digest(self.workload, counts)
 
 
 def rate_source_created_ms(checkpoint: str) -> int:
@@ -387,7 +461,14 @@ def rate_source_batches(progress: list[dict[str, Any]], created_ms: int) -> list
         processing = p["durationMs"].get("triggerExecution", 0)
         due = created_ms + int(end_second) * 1000
         batches.append(
-            Batch(due, p["numInputRows"], max(0, start - due), processing, start + processing)
+            Batch(
+                due,
+                p["numInputRows"],
+                max(0, start - due),
+                processing,
+                start + processing,
+                p["batchId"],
+            )
         )
     return batches
 
@@ -399,25 +480,12 @@ def _started_ms(progress: dict[str, Any]) -> int:
     return round(stamp.timestamp() * 1000)
 
 
-def _top_of_current_window(start_ms: int) -> Any:
-    """foreachBatch: the K largest counts of the window that ends with this micro-batch."""
-
-    def top(df: Any, batch_id: int) -> None:
-        from pyspark.sql import functions as sf
-
-        end = sf.timestamp_millis(sf.lit(start_ms + (batch_id + 1) * 1000))
-        current = df.where(sf.col("window.end") == end)
-        current.orderBy(sf.desc("count"), "word").limit(K).collect()
-
-    return top
-
-
 def structured_batches(progress: list[dict[str, Any]], warmup: int) -> list[Batch]:
     """Batch timings from query progress. Batch b's input is interval b of a 1 s schedule that
     starts with the first measured batch (b = warmup): the rate-micro-batch source admits one
     interval per trigger and never catches up, so a lag left by the (slow) first batches would
     otherwise stay in every later delay; from there on a slow batch delays all later ones."""
-    measured = [p for p in progress if p["batchId"] >= warmup]
+    measured = sorted((p for p in progress if p["batchId"] >= warmup), key=lambda p: p["batchId"])
     if not measured:
         return []
     # The most punctual batch defines the schedule (its scheduling delay is 0).
@@ -428,7 +496,14 @@ def structured_batches(progress: list[dict[str, Any]], warmup: int) -> list[Batc
         due = zero + p["batchId"] * 1000
         processing = p["durationMs"].get("triggerExecution", 0)
         batches.append(
-            Batch(due, p["numInputRows"], max(0, start - due), processing, start + processing)
+            Batch(
+                due,
+                p["numInputRows"],
+                max(0, start - due),
+                processing,
+                start + processing,
+                p["batchId"],
+            )
         )
     return batches
 
@@ -438,3 +513,4 @@ SYSTEM_CLASSES: dict[str, type[System]] = {
     "pyspark.streaming": LegacySystem,
     "structured": StructuredSystem,
 }
+SYSTEMS = tuple(SYSTEM_CLASSES)

@@ -9,10 +9,11 @@ import pytest
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-# Spark's Python workers must import the test modules whose functions they run.
+# Spark's Python workers must import the test modules whose functions they run (and the
+# benchmark harness's programs, from the repository's root).
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (_TESTS, os.environ.get("PYTHONPATH", "")) if p
+    p for p in (_TESTS, os.path.dirname(_TESTS), os.environ.get("PYTHONPATH", "")) if p
 )
 
 

@@ -1,0 +1,133 @@
+"""What each workload's output must be, computed in plain Python from the same input lines.
+
+A trial's outputs are digests (`bench.programs`): a grep count, a window's word-count digest
+(distinct words, total count, a checksum over every (word, count) pair) or the top-k list. The
+reference here recomputes them from `feed.batch_slices` and `textgen.lines`, without Spark and
+without any engine code, so an engine that drops, duplicates or misplaces records fails its trial.
+
+`restricted=True` is the semantics of Structured Streaming's update mode on a sliding window:
+a micro-batch outputs the window's counts only for the words that occur in that micro-batch.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from bench import feed
+
+GREP_PATTERN = "bab"  # in about a quarter of the lines
+WINDOW_BATCHES = 30
+TOP_K = 10
+SEED = 7
+RECORD_BYTES = 100
+
+
+def word_checksum(word: str) -> int:
+    """A word's weight in the checksum; Spark SQL's crc32 gives the same number."""
+    return zlib.crc32(word.encode())
+
+
+def count_digest(counts: dict[str, int]) -> list[int]:
+    """[distinct words, total count, sum of crc32(word) * count] over positive counts."""
+    positive = {w: c for w, c in counts.items() if c > 0}
+    checksum = sum(word_checksum(w) * c for w, c in positive.items())
+    return [len(positive), sum(positive.values()), checksum]
+
+
+def top_k(counts: dict[str, int], k: int = TOP_K) -> list[list[Any]]:
+    """The k largest counts, ties broken by word (as every system's output orders them)."""
+    ranked = sorted((kv for kv in counts.items() if kv[1] > 0), key=lambda kv: (-kv[1], kv[0]))
+    return [[w, c] for w, c in ranked[:k]]
+
+
+@lru_cache(maxsize=64)
+def batch_lines(rate: int, partitions: int, k: int) -> Counter[str]:
+    """How often each line occurs in batch k (1-based) of a stream at `rate` records/s."""
+    lines: Counter[str] = Counter()
+    for partition, start, end in feed.batch_slices(rate, partitions, k):
+        lines.update(feed.textgen.lines(SEED, RECORD_BYTES, partition, start, end))
+    return lines
+
+
+@lru_cache(maxsize=64)
+def batch_words(rate: int, partitions: int, k: int) -> Counter[str]:
+    words: Counter[str] = Counter()
+    for line, times in batch_lines(rate, partitions, k).items():
+        for word in line.split():
+            words[word] += times
+    return words
+
+
+def window_words(rate: int, partitions: int, k: int) -> Counter[str]:
+    """Word counts of the window ending with batch k (batches k-29..k that exist)."""
+    total: Counter[str] = Counter()
+    for j in range(max(1, k - WINDOW_BATCHES + 1), k + 1):
+        total.update(batch_words(rate, partitions, j))
+    return total
+
+
+def expected(workload: str, rate: int, partitions: int, k: int, restricted: bool) -> Any:
+    """The digest batch k's output must have."""
+    if workload == "grep":
+        return sum(
+            n for line, n in batch_lines(rate, partitions, k).items() if GREP_PATTERN in line
+        )
+    counts = window_words(rate, partitions, k)
+    if restricted:
+        present = batch_words(rate, partitions, k)
+        counts = Counter({w: c for w, c in counts.items() if w in present})
+    return count_digest(counts) if workload == "wordcount" else top_k(counts)
+
+
+@dataclass
+class Check:
+    ok: bool
+    reason: str
+    checked: list[int]  # the batches compared
+
+
+def sample_batches(done: list[int], samples: int) -> list[int]:
+    """`samples` batch numbers spread over the completed ones, always including the last."""
+    if not done:
+        return []
+    ordered = sorted(done)
+    if len(ordered) <= samples:
+        return ordered
+    step = (len(ordered) - 1) / (samples - 1) if samples > 1 else 0
+    picked = {ordered[round(len(ordered) - 1 - i * step)] for i in range(samples)}
+    return sorted(picked)
+
+
+def check_outputs(
+    workload: str,
+    rate: int,
+    partitions: int,
+    outputs: dict[int, Any],
+    measured: list[int],
+    samples: int = 4,
+    restricted: bool = False,
+) -> Check:
+    """Compare sampled measured batches' outputs with the reference; a missing or empty output
+    is wrong too (a system that printed nothing has not done the work)."""
+    if not measured:
+        return Check(False, "no batch completed", [])
+    checked = sample_batches(measured, samples)
+    for k in checked:
+        want = expected(workload, rate, partitions, k, restricted)
+        got = outputs.get(k)
+        if got is None:
+            return Check(False, f"batch {k}: no output", checked)
+        if got != want:
+            return Check(
+                False, f"batch {k}: output {_short(got)} != expected {_short(want)}", checked
+            )
+    return Check(True, "ok", checked)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."

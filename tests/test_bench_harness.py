@@ -1,0 +1,238 @@
+"""The benchmark harness's own logic: verdicts, percentiles, the rate search's bracketing, the
+output checker against the independent reference, and the load gate. Pure logic, except the
+two trials that run a tiny real job through dstream and pyspark.streaming."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from bench import feed, reference
+from bench.machine import LoadSample, busy_reason
+from bench.reference import check_outputs, count_digest, expected, sample_batches, top_k
+from bench.search import RateSearch, round_rate
+from bench.trial import BUSY, OK, SLOW, WRONG, Verdict, judge, percentile
+
+
+def test_percentile_is_nearest_rank():
+    values = list(range(1, 31))  # 1..30
+    assert percentile(values, 0.9) == 27
+    assert percentile(values, 0.5) == 15
+    assert percentile([5.0], 0.99) == 5.0
+    assert percentile(list(range(1, 11)), 0.9) == 9  # not the maximum of 10 batches
+
+
+def test_judge_fails_wrong_output_even_when_fast():
+    verdict = judge([100.0] * 30, [0.0] * 30, 30, False, "batch 3: no output")
+    assert verdict.kind == WRONG and not verdict.sustainable
+    assert "batch 3" in verdict.reason
+    nothing = judge([], [], 30, False, "no batch completed")
+    assert nothing.kind == SLOW  # no batch at all: too slow, not wrong
+
+
+def test_judge_speed_rules():
+    ok = judge([500.0] * 30, [10.0] * 30, 30, True, "ok")
+    assert ok.kind == OK and ok.sustainable
+    missing = judge([500.0] * 20, [10.0] * 20, 30, True, "ok")
+    assert missing.kind == SLOW and "20/30" in missing.reason
+    slow_tail = judge([500.0] * 26 + [1200.0] * 4, [10.0] * 30, 30, True, "ok")
+    assert slow_tail.kind == SLOW and "p90" in slow_tail.reason
+    growing = judge([900.0] * 30, [float(20 * i) for i in range(30)], 30, True, "ok")
+    assert growing.kind == SLOW and "grew" in growing.reason
+
+
+def _verdict(rate: int, capacity: int, kind_at: dict[int, str] | None = None) -> Verdict:
+    """A fake system: processing = 200 ms + rate / capacity * 800 ms, sustainable below 1 s."""
+    processing = 200 + 800 * rate / capacity
+    kind = (kind_at or {}).get(rate) or (OK if processing < 1000 else SLOW)
+    return Verdict(kind, kind, processing, processing, 0.0, 30)
+
+
+def _drive(search: RateSearch, capacity: int, kinds: dict[int, str] | None = None, limit=50):
+    for _ in range(limit):
+        planned = search.next_trial()
+        if planned is None:
+            return search.result
+        rate, confirmation = planned
+        search.record(rate, confirmation, _verdict(rate, capacity, kinds))
+    raise AssertionError("the search did not end")
+
+
+def test_search_brackets_and_confirms_below_capacity():
+    result = _drive(RateSearch(50_000, max_trials=6, tolerance=0.1, confirm=True), 300_000)
+    assert result.status == "confirmed"
+    assert 0.9 * 300_000 <= result.rate < 300_000  # close to the edge, never above it
+    assert result.trials[-1].confirmation and result.trials[-1].rate == result.rate
+    passed = [t.rate for t in result.trials if t.verdict.sustainable and not t.confirmation]
+    assert max(passed) == result.rate
+    low, high = RateSearch.bracket(_search_of(result))
+    assert low == result.rate and high is not None and high / low <= 1.1  # bracketed
+
+
+def _search_of(result):
+    search = RateSearch(0, 0, 0.1, True)
+    search.trials = result.trials
+    return search
+
+
+def test_search_reports_no_figure_when_nothing_passes():
+    result = _drive(RateSearch(50_000, max_trials=6, tolerance=0.1, confirm=True), 50)
+    assert result.status == "no passing rate" and result.rate is None
+
+
+def test_failed_confirmation_steps_down_and_never_falls_back():
+    capacity = 300_000
+    search = RateSearch(50_000, max_trials=6, tolerance=0.1, confirm=True)
+    # Every confirmation fails (as a longer trial with the window full might): no figure.
+    for _ in range(60):
+        planned = search.next_trial()
+        if planned is None:
+            break
+        rate, confirmation = planned
+        verdict = _verdict(rate, capacity)
+        if confirmation:
+            verdict = judge([1500.0] * 45, [0.0] * 45, 45, True, "x")
+        search.record(rate, confirmation, verdict)
+    assert search.result.status == "no passing rate" and search.result.rate is None
+    confirmations = [t.rate for t in search.trials if t.confirmation]
+    assert len(confirmations) == 3 and confirmations == sorted(confirmations, reverse=True)
+
+
+def test_wrong_output_and_busy_machine_end_the_search_without_a_figure():
+    wrong = _drive(RateSearch(50_000, 6, 0.1, True), 300_000, {50_000: WRONG})
+    assert (wrong.status, wrong.rate) == ("wrong output", None)
+    busy = _drive(RateSearch(50_000, 6, 0.1, True), 300_000, {50_000: BUSY})
+    assert (busy.status, busy.rate) == ("machine busy", None)
+
+
+def test_search_without_confirmation_says_so():
+    result = _drive(RateSearch(50_000, 3, 0.3, confirm=False), 300_000)
+    assert result.status == "passed search" and not any(t.confirmation for t in result.trials)
+
+
+def test_round_rate_two_significant_digits():
+    assert round_rate(123_456) == 120_000 and round_rate(3) == 100
+
+
+def _digest_of(lines: list[str], workload: str):
+    words = Counter(w for line in lines for w in line.split())
+    if workload == "grep":
+        return sum("bab" in line for line in lines)
+    return count_digest(words) if workload == "wordcount" else top_k(words)
+
+
+def test_reference_matches_a_direct_count_of_the_same_lines():
+    """The reference's windowing over batches agrees with counting the lines directly."""
+    rate, partitions = 300, 2
+    lines_of = {
+        k: [
+            line
+            for p, start, end in feed.batch_slices(rate, partitions, k)
+            for line in feed.textgen.lines(reference.SEED, reference.RECORD_BYTES, p, start, end)
+        ]
+        for k in range(1, 33)
+    }
+    assert sum(len(v) for v in lines_of.values()) == rate * 32
+    assert expected("grep", rate, partitions, 5, False) == _digest_of(lines_of[5], "grep") > 0
+    window = [line for k in range(3, 33) for line in lines_of[k]]  # batch 32's 30 batches
+    for workload in ("wordcount", "topk"):
+        assert expected(workload, rate, partitions, 32, False) == _digest_of(window, workload)
+
+
+def test_checker_catches_wrong_missing_and_empty_outputs():
+    rate, partitions = 200, 2
+    truth = {k: expected("wordcount", rate, partitions, k, False) for k in range(1, 8)}
+    assert check_outputs("wordcount", rate, partitions, truth, list(range(3, 8)), 3).ok
+    off_by_one = {**truth, 7: [truth[7][0], truth[7][1] + 1, truth[7][2]]}
+    bad = check_outputs("wordcount", rate, partitions, off_by_one, list(range(3, 8)), 3)
+    assert not bad.ok and "batch 7" in bad.reason
+    missing = {k: v for k, v in truth.items() if k != 7}
+    assert "no output" in check_outputs("wordcount", rate, partitions, missing, [7], 1).reason
+    empty = {k: [0, 0, 0] for k in truth}
+    assert not check_outputs("wordcount", rate, partitions, empty, [5], 1).ok
+    assert not check_outputs("grep", rate, partitions, {}, [], 3).ok  # nothing completed
+
+
+def test_restricted_reference_keeps_only_the_batch_words():
+    full = expected("wordcount", 200, 2, 10, False)
+    restricted = expected("wordcount", 200, 2, 10, True)
+    assert restricted[0] < full[0] and restricted[1] <= full[1]
+
+
+def test_sample_batches_spread_and_include_the_last():
+    assert sample_batches(list(range(16, 61)), 4) == [16, 31, 45, 60]
+    assert sample_batches([3, 4], 4) == [3, 4]
+    assert sample_batches([], 4) == []
+
+
+def _samples(others: list[float]) -> list[LoadSample]:
+    return [LoadSample(float(i), 2.0, value) for i, value in enumerate(others)]
+
+
+def test_load_gate():
+    quiet = _samples([0.05] * 60)
+    assert busy_reason(quiet, 0.25, 10) is None
+    burst = _samples([0.05] * 30 + [1.0] * 12 + [0.05] * 18)
+    assert "cores" in busy_reason(burst, 0.25, 10)
+    spike = _samples([0.05] * 30 + [1.5] + [0.05] * 29)  # one second: not a busy stretch
+    assert busy_reason(spike, 0.25, 10) is None
+    short_busy = _samples([0.6] * 5)  # a trial shorter than a stretch counts as a whole
+    assert busy_reason(short_busy, 0.25, 10) is not None
+
+
+@pytest.mark.parametrize("system_name", ["dstream", "pyspark.streaming"])
+def test_same_program_passes_the_checker_on_a_real_job(sc, system_name):
+    """The shared program text, run by each DStream engine on its input, outputs what the
+    independent reference says (a tiny rate: this is about correctness, not speed)."""
+    from bench.systems import SYSTEM_CLASSES
+
+    system = SYSTEM_CLASSES[system_name](sc, 2)
+    run = system.run("wordcount", "tuned", 300, 1, 3, timeout_s=300)
+    assert len(run.batches) == 3
+    check = check_outputs("wordcount", 300, 2, run.outputs, run.intervals, 3)
+    assert check.ok, check.reason
+    assert run.intervals == sorted(run.intervals) and run.intervals[0] >= 2
+
+
+def test_recovery_runs_at_half_of_the_systems_own_confirmed_maximum():
+    from bench.recovery import recovery_subject
+
+    table = {
+        "wordcount": {
+            "dstream/tutorial": {"status": "confirmed", "rate": 100_000},
+            "dstream/tuned": {"status": "confirmed", "rate": 300_000},
+            "structured/expert": {"status": "no passing rate", "rate": None},
+            "structured/plain": {"status": "confirmed", "rate": 1_000},
+        }
+    }
+    tuned = recovery_subject("dstream", table, "dstream.pydaemon")
+    assert (tuned.variant, tuned.rate) == ("tuned", 150_000)
+    assert recovery_subject("structured", table, "dstream.pydaemon").variant == "plain"
+    assert recovery_subject("pyspark.streaming", table, "dstream.pydaemon") is None
+
+
+def test_report_prints_no_figure_without_a_confirmation(tmp_path):
+    from bench.report import write_report
+    from bench.run import PLANS, Gate
+
+    rows = {
+        "dstream/tuned": {"status": "confirmed", "rate": 123_000, "processing_p50_ms": 600},
+        "pyspark.streaming/tuned": {"status": "no passing rate", "rate": None},
+        "structured/plain": {"status": "wrong output", "rate": None, "reason": "batch 7"},
+    }
+    machine = {"cores": 2, "cpu": "x", "memory_gb": 1, "os": "y", "python": "3.11"}
+    machine |= {"pyspark": "4", "java": "17", "load_at_start": (1, 1, 1), "load_at_end": (1, 1, 1)}
+    path = write_report(
+        tmp_path,
+        "today",
+        machine,
+        {"dstream.pydaemon": {"wordcount": rows}},
+        {},
+        Gate(0.25, 10, 2, False),
+        PLANS["full"],
+    )
+    text = path.read_text()
+    assert "| wordcount | dstream/tuned | confirmed | 123,000 |" in text
+    assert "| wordcount | pyspark.streaming/tuned | no passing rate | none |" in text
+    assert "wrong output: batch 7 | none |" in text
