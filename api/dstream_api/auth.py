@@ -1,8 +1,8 @@
 """Bearer-token protection of the mutating endpoints.
 
-The token comes from DSTREAM_API_TOKEN, or from the file named by DSTREAM_API_TOKEN_FILE (a
-mounted Kubernetes Secret). The file is read on every request so that a rotated Secret takes
-effect without a restart. Without either, the API is open, and so it may only listen on
+The token comes from DSTREAM_API_TOKEN, or from the file named by DSTREAM_API_TOKEN_FILE (in a
+driver pod, its ServiceAccount token). The file is read on every request so that a rotated
+token takes effect without a restart. Without either, the API is open, and so it may only listen on
 loopback (a laptop's `dstream run`): `refuse_open_to_network` enforces that before it starts.
 """
 
