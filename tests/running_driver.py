@@ -115,20 +115,21 @@ def running_driver(
     name: str,
     spec: dict[str, Any],
     env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> Iterator[Driver]:
-    """Start `dstream run` on the manifest built from `spec`; stop it whatever happens."""
+    """Start `dstream run` on the manifest built from `spec` (more CLI `args` if given); stop it
+    whatever happens."""
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(manifest(name, spec)))
     port = free_port()
     log = tmp_path / f"{name}.log"
     environment = {
         **os.environ,
-        "DSTREAM_API_HOST": "127.0.0.1",
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         **(env or {}),
     }
-    command = [sys.executable, "-m", "dstream.cli", "run", str(path), "--port", str(port)]
+    command = [sys.executable, "-m", "dstream.cli", "run", str(path), "--port", str(port), *args]
     with log.open("wb") as sink:
         process = subprocess.Popen(
             command,

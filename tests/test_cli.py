@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
+from running_driver import free_port
 
 ROOT = Path(__file__).parent.parent
 
@@ -87,3 +90,68 @@ def test_run_shows_batches_and_stops_gracefully_on_sigterm(tmp_path):
     assert "records | processing" in output and "rate limit" in output
     commits = list((tmp_path / "checkpoint" / "log").glob("commit-*.json"))
     assert commits, "a graceful stop leaves committed batches"
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.1", "example.org"])
+def test_run_refuses_an_api_beyond_loopback_without_a_token(tmp_path, host):
+    """Refused before Spark starts, naming both ways out."""
+    done = dstream("run", str(job_file(tmp_path)), "--host", host, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"refusing to serve the API on {host} without a token" in done.stderr
+    assert "DSTREAM_API_TOKEN" in done.stderr and "--host at 127.0.0.1" in done.stderr
+    assert not (tmp_path / "checkpoint").exists()
+
+
+def test_run_refuses_a_token_file_it_cannot_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSTREAM_API_TOKEN_FILE", str(tmp_path / "missing-token"))
+    done = dstream("run", str(job_file(tmp_path)), "--host", "0.0.0.0", timeout=60)
+    assert done.returncode == 2
+    assert "refusing to serve the API on 0.0.0.0: cannot read DSTREAM_API_TOKEN_FILE" in done.stderr
+
+
+def _refused(url: str) -> bool:
+    try:
+        httpx.get(url, timeout=5)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+@pytest.mark.slow
+def test_run_serves_loopback_only_and_a_clean_stop_warns_about_nothing(tmp_path):
+    """The defaults: the API on 127.0.0.1 only (127.0.0.2 is loopback too, but a socket bound to
+    127.0.0.1 does not answer there). A run that ends at its --duration prints no WARN or ERROR
+    line, ours or Spark's, once it has started (Spark's start-up notes come before)."""
+    path = job_file(tmp_path, source={"type": "rate", "rate": {"recordsPerSecond": 1000}})
+    port = free_port()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dstream", "run", str(path), "--port", str(port)]
+        + ["--duration", "6"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    serving = f"serving http://127.0.0.1:{port}"
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if serving in line:
+                break
+        assert lines and serving in lines[-1], "".join(lines)[-3000:]
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
+        assert _refused(f"http://127.0.0.2:{port}/healthz")
+        rest, _ = process.communicate(timeout=180)
+    finally:
+        process.kill()
+    output = "".join(lines) + rest
+    assert process.returncode == 0, output[-3000:]
+    assert "dstream: job wordcount stopped" in rest
+    complaints = [
+        line for line in rest.splitlines() if re.search(r"\b(WARN|WARNING|ERROR)\b", line)
+    ]
+    assert not complaints, output[-5000:]
+    assert "Traceback" not in output

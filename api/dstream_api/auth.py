@@ -1,13 +1,15 @@
 """Bearer-token protection of the mutating endpoints.
 
-The token comes from DSTREAM_API_TOKEN, or from the file named by DSTREAM_API_TOKEN_FILE (a
-mounted Kubernetes Secret). The file is read on every request so that a rotated Secret takes
-effect without a restart. Without either, the API is open (a laptop's `dstream run`).
+The token comes from DSTREAM_API_TOKEN, or from the file named by DSTREAM_API_TOKEN_FILE (in a
+driver pod, its ServiceAccount token). The file is read on every request so that a rotated
+token takes effect without a restart. Without either, the API is open, and so it may only listen on
+loopback (a laptop's `dstream run`): `refuse_open_to_network` enforces that before it starts.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import os
 from pathlib import Path
 
@@ -26,6 +28,10 @@ bearer = HTTPBearer(
 
 class TokenUnavailableError(RuntimeError):
     """A token file is configured but cannot be read: refuse rather than run open."""
+
+
+class OpenToNetworkError(RuntimeError):
+    """The API would listen beyond this machine with no token protecting POST /v1/stop."""
 
 
 def configured_token() -> str | None:
@@ -58,4 +64,31 @@ def require_token(credentials: HTTPAuthorizationCredentials | None = Depends(bea
             status.HTTP_401_UNAUTHORIZED,
             "a valid bearer token is required",
             headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def refuse_open_to_network(host: str) -> None:
+    """Raise OpenToNetworkError unless the API on `host` is reachable from this machine only or
+    requires a token: an open POST /v1/stop would let anyone who reaches the address stop the
+    job."""
+    if is_loopback(host):
+        return
+    try:
+        token = configured_token()
+    except TokenUnavailableError as error:
+        raise OpenToNetworkError(f"refusing to serve the API on {host}: {error}") from None
+    if token is None:
+        raise OpenToNetworkError(
+            f"refusing to serve the API on {host} without a token: anyone who reaches it could "
+            f"stop the job (POST /v1/stop). Set {TOKEN_ENV} (or {TOKEN_FILE_ENV}, a file "
+            f"holding it), or leave --host at 127.0.0.1"
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Any
@@ -10,18 +9,16 @@ from typing import Any
 import uvicorn
 
 from dstream_api.app import create_app
+from dstream_api.auth import refuse_open_to_network
 
 STARTUP_TIMEOUT_S = 30
-HOST_ENV = "DSTREAM_API_HOST"
 
 
-def serve_in_background(runtime: Any, port: int, host: str | None = None) -> uvicorn.Server:
+def serve_in_background(runtime: Any, port: int, host: str) -> uvicorn.Server:
     """Start uvicorn on its own thread and return once it listens (so the URL the CLI prints
-    works); raises if it cannot bind. Set `server.should_exit = True` to stop it.
-
-    The host defaults to $DSTREAM_API_HOST, else all interfaces (a pod's API must be reachable
-    by the operator and Prometheus); 127.0.0.1 keeps a laptop's or a test's driver private."""
-    host = host or os.environ.get(HOST_ENV, "0.0.0.0")
+    works); raises if it cannot bind, or OpenToNetworkError for a non-loopback host without a
+    token. Set `server.should_exit = True` to stop it."""
+    refuse_open_to_network(host)
     config = uvicorn.Config(create_app(runtime), host=host, port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="dstream-api", daemon=True)

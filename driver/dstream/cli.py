@@ -42,6 +42,12 @@ def add_run_arguments(
 ) -> None:
     run.add_argument("manifest", help="StreamingJob YAML (the same file kubectl applies)")
     run.add_argument("--port", type=int, default=8000, help="API and /metrics port (0: none)")
+    run.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the API listens on (default 127.0.0.1, this machine only); any other "
+        "needs a token in DSTREAM_API_TOKEN or DSTREAM_API_TOKEN_FILE",
+    )
     run.add_argument("--master", default=default_master, help="Spark master (default local[2])")
     run.add_argument(
         "--duration", type=float, default=None, help="stop gracefully after this many seconds"
@@ -85,9 +91,23 @@ def with_path(checkpoint: Checkpoint | None, path: str) -> Checkpoint:
     return checkpoint.model_copy(update={"path": path})
 
 
+def refuse_open_api_or_exit(args: argparse.Namespace) -> None:
+    """Before Spark starts: an API beyond loopback without a token is refused (exit 2)."""
+    if not args.port:
+        return
+    from dstream_api.auth import OpenToNetworkError, refuse_open_to_network
+
+    try:
+        refuse_open_to_network(args.host)
+    except OpenToNetworkError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(EXIT_INVALID) from None
+
+
 def run_job(args: argparse.Namespace) -> int:
     """Start the job (recovering from its checkpoint), serve the API, stop on SIGTERM/SIGINT."""
     job = load_or_exit(args.manifest)
+    refuse_open_api_or_exit(args)
     if args.checkpoint:
         job.spec.checkpoint = with_path(job.spec.checkpoint, args.checkpoint)
     from dstream.job import JobRuntime, ProgressPrinter
@@ -99,9 +119,9 @@ def run_job(args: argparse.Namespace) -> int:
     if args.port:
         from dstream_api.server import serve_in_background
 
-        server = serve_in_background(runtime, args.port)
+        server = serve_in_background(runtime, args.port, args.host)
         print(
-            f"dstream: job {job.metadata.name} serving http://127.0.0.1:{args.port} "
+            f"dstream: job {job.metadata.name} serving http://{args.host}:{args.port} "
             f"(/v1/status, /metrics)",
             flush=True,
         )

@@ -221,10 +221,13 @@ class StateKeysSampler:
 
     def close(self) -> None:
         """Cancel an in-flight count and wait for it, so stopping Spark finds nothing running;
-        batches that complete afterwards (a graceful stop) sample nothing."""
+        batches that complete afterwards (a graceful stop) sample nothing. Only a count in
+        flight is cancelled: Spark warns about cancelling a job group that has no jobs."""
         with self._lock:
             self._closed = True
-        self._ssc.sparkContext.cancelJobGroup(SAMPLER_JOB_GROUP)
+            in_flight = self._in_flight is not None and not self._in_flight.done()
+        if in_flight:
+            self._ssc.sparkContext.cancelJobGroup(SAMPLER_JOB_GROUP)
         self._executor.shutdown(wait=True)
 
 

@@ -25,6 +25,16 @@ PLURALS = {
 }
 
 
+def configuration_from_environment() -> kubernetes.client.Configuration:
+    """In a pod: its ServiceAccount; elsewhere: the current kubeconfig context."""
+    configuration = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=configuration)
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(client_configuration=configuration)
+    return configuration
+
+
 class KubeError(Exception):
     """A failed API call, with the HTTP status the API server answered."""
 
@@ -49,13 +59,7 @@ class Kube:
 
     @classmethod
     def from_environment(cls) -> Kube:
-        """In a pod: its ServiceAccount; elsewhere: the current kubeconfig context."""
-        configuration = kubernetes.client.Configuration()
-        try:
-            kubernetes.config.load_incluster_config(client_configuration=configuration)
-        except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config(client_configuration=configuration)
-        return cls(configuration)
+        return cls(configuration_from_environment())
 
     def _ssl(self) -> ssl.SSLContext | bool:
         config = self._configuration

@@ -11,16 +11,33 @@ from __future__ import annotations
 import argparse
 
 import kopf
+import kubernetes
 import prometheus_client
 
 from dstream_operator import handlers  # noqa: F401  (importing registers the kopf handlers)
-from dstream_operator.kube import Kube
+from dstream_operator.kube import Kube, configuration_from_environment
+from dstream_operator.peering import peering_problem
 from dstream_operator.resources import DEFAULT_API_SERVER
 from dstream_operator.supervisor import SupervisorSettings
 
+PEERING_HELP = """\
+peering: with --peering (the default, as the Helm chart runs it) the operator needs kopf's
+peering CRD (crds/kopfpeerings.yaml) and a peering object of that name in each watched
+namespace (KopfPeering) or cluster-wide (ClusterKopfPeering, with --all-namespaces); the chart
+installs both. Without them kopf would wait silently, so the operator refuses to start and
+prints the commands that create them. Namespace patterns ('team-*') are not checked: create the
+object in each namespace they match. --standalone needs neither, but nothing then stops a second
+operator from acting on the same jobs.
+"""
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="dstream-operator", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="dstream-operator",
+        description=__doc__.split("\n")[0],
+        epilog=PEERING_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     scope = parser.add_mutually_exclusive_group(required=True)
     scope.add_argument(
         "--namespace",
@@ -48,12 +65,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--peering",
         metavar="NAME",
         default="dstream",
-        help="kopf peering object; a second operator on it stays paused",
+        help="kopf peering object (default dstream); a second operator on it stays paused; "
+        "refuses to start if it is missing (see below)",
     )
     peering.add_argument(
         "--standalone",
         action="store_true",
-        help="no peering: only when a single operator is guaranteed",
+        help="no peering (no CRD or object needed): only when a single operator is guaranteed",
     )
     parser.add_argument(
         "--driver-host",
@@ -77,11 +95,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    configuration = configuration_from_environment()
+    if not args.standalone:
+        with kubernetes.client.ApiClient(configuration) as api:
+            namespaces = None if args.all_namespaces else args.namespace
+            problem = peering_problem(api, args.peering, namespaces)
+        if problem:
+            raise SystemExit(f"dstream-operator: error: {problem}")
     kopf.configure(verbose=args.verbose)
     if args.metrics_port:
         prometheus_client.start_http_server(args.metrics_port)
     memo = kopf.Memo(
-        kube=Kube.from_environment(),
+        kube=Kube(configuration),
         supervision=SupervisorSettings(
             interval_seconds=args.poll_seconds,
             driver_host=args.driver_host,

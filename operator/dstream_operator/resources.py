@@ -30,6 +30,11 @@ BLOCK_MANAGER_PORT = 7079
 DEFAULT_API_SERVER = "https://kubernetes.default.svc"
 JOB_DIR = "/etc/dstream"
 JOB_FILE = f"{JOB_DIR}/job.yaml"
+# The driver API's token: the pod's own ServiceAccount token (mounted by Kubernetes, rotated in
+# place, re-read by the API on every request). Whoever holds it can already delete the driver
+# pod, so stopping the driver through its API grants nothing more, and the operator needs no
+# access to Secrets.
+API_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 IMAGE_UID = IMAGE_GID = 185  # the image's user and group (Spark's convention)
 
 DriverHost = Literal["service", "pod-ip"]
@@ -393,8 +398,11 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 def driver_args(
     job: StreamingJob, owner: Owner, driver_host: DriverHost, api_server: str = DEFAULT_API_SERVER
 ) -> list[str]:
-    """The fixed driver CLI contract: job file, API port, master, then `--conf key=value`s."""
+    """The fixed driver CLI contract: job file, API port, master, API host, then
+    `--conf key=value`s. The API listens on every interface (probes, the operator, Prometheus),
+    which the driver allows only with a token (API_TOKEN_FILE)."""
     args = [JOB_FILE, "--port", str(API_PORT), "--master", f"k8s://{api_server}"]
+    args += ["--host", "0.0.0.0"]
     for key, value in spark_conf(job, owner, driver_host).items():
         args += ["--conf", f"{key}={value}"]
     return args
@@ -422,6 +430,7 @@ def driver_pod(
             _field_env("POD_IP", "status.podIP"),
             _field_env("POD_NAME", "metadata.name"),
             _field_env("POD_NAMESPACE", "metadata.namespace"),
+            {"name": "DSTREAM_API_TOKEN_FILE", "value": API_TOKEN_FILE},
         ],
         "ports": [
             {"name": "http-api", "containerPort": API_PORT},

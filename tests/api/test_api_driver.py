@@ -1,9 +1,11 @@
-"""The API served by a real driver (`dstream run`, local[2], a small rate job)."""
+"""The API served by a real driver (`dstream run`, local[2], a small rate job) on every interface,
+as in a pod: allowed because it has a token."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
+import httpx
 import pytest
 from running_driver import running_driver
 
@@ -37,7 +39,9 @@ def driver(tmp_path_factory):
         "checkpoint": {"path": str(tmp_path / "checkpoint")},
         "backpressure": {"enabled": True, "initialRate": 1000},
     }
-    with running_driver(tmp_path, "apitest", spec, env={"DSTREAM_API_TOKEN": TOKEN}) as running:
+    with running_driver(
+        tmp_path, "apitest", spec, env={"DSTREAM_API_TOKEN": TOKEN}, args=("--host", "0.0.0.0")
+    ) as running:
         running.wait_for_batches(4)
         yield running
 
@@ -47,7 +51,13 @@ def epoch(iso: str) -> float:
 
 
 def test_cli_prints_the_url_it_serves(driver):
-    assert f"serving http://127.0.0.1:{driver.port}" in driver.output()
+    assert f"serving http://0.0.0.0:{driver.port}" in driver.output()
+
+
+def test_with_a_token_it_listens_beyond_127_0_0_1(driver):
+    """127.0.0.2 is loopback too, but only a socket bound to all interfaces answers there."""
+    response = httpx.get(f"http://127.0.0.2:{driver.port}/healthz", timeout=30)
+    assert response.status_code == 200
 
 
 def test_probes(driver):

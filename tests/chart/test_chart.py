@@ -56,9 +56,10 @@ def test_every_rendered_object_is_valid_kubernetes(values):
         kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
 
 
-def test_crds_are_valid_and_the_same_as_the_repository_crd():
-    chart_crd = CHART / "crds" / "streamingjob.yaml"
-    assert chart_crd.read_bytes() == (ROOT / "crds" / "streamingjob.yaml").read_bytes()
+def test_crds_are_valid_and_the_same_as_the_repository_crds():
+    """crds/ holds every CRD the chart installs (for `kubectl apply -f crds/` without Helm)."""
+    chart_crds = {path.name: path.read_bytes() for path in (CHART / "crds").glob("*.yaml")}
+    assert chart_crds == {path.name: path.read_bytes() for path in (ROOT / "crds").glob("*.yaml")}
     with helm.Chart.load(CHART) as chart:
         crds = [yaml.safe_load_all(c["data"]) for c in chart.crds]
     names = []

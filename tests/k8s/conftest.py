@@ -14,9 +14,12 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
+import yaml
 from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 LOCAL_SH = REPO_ROOT / "e2e" / "cluster" / "local.sh"
@@ -53,6 +56,39 @@ class LocalCluster:
             if event["type"] != "DELETED" and event["object"].secrets:
                 return name
         raise TimeoutError(f"namespace {name}: no token for ServiceAccount default")
+
+    def apply_crds(self, path: pathlib.Path, timeout_seconds: float = 60) -> list[str]:
+        """Creates the CRDs of a YAML file, or replaces older copies left on a long-lived
+        cluster, and waits until all are Established; returns their names."""
+        ext = client.ApiextensionsV1Api(self.api_client)
+        names = []
+        for document in yaml.safe_load_all(path.read_text()):
+            if document:
+                _create_or_replace_crd(ext, document)
+                names.append(document["metadata"]["name"])
+        deadline = time.monotonic() + timeout_seconds
+        while not all(_established(ext, name) for name in names):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRDs not Established: {names}")
+            time.sleep(0.25)
+        return names
+
+
+def _create_or_replace_crd(ext: client.ApiextensionsV1Api, document: dict) -> None:
+    name = document["metadata"]["name"]
+    try:
+        ext.create_custom_resource_definition(document)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        current = ext.read_custom_resource_definition(name)
+        document["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition(name, document)
+
+
+def _established(ext: client.ApiextensionsV1Api, name: str) -> bool:
+    conditions = ext.read_custom_resource_definition(name).status.conditions or []
+    return any(c.type == "Established" and c.status == "True" for c in conditions)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -311,39 +311,12 @@ def timestamp(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-def _apply_crd(ext: client.ApiextensionsV1Api, document: dict[str, Any]) -> None:
-    """Create, or replace an older copy left on a long-lived cluster."""
-    name = document["metadata"]["name"]
-    try:
-        ext.create_custom_resource_definition(document)
-    except ApiException as error:
-        if error.status != 409:
-            raise
-        current = ext.read_custom_resource_definition(name)
-        document["metadata"]["resourceVersion"] = current.metadata.resource_version
-        ext.replace_custom_resource_definition(name, document)
-
-
-def _established(ext: client.ApiextensionsV1Api, name: str) -> bool:
-    conditions = ext.read_custom_resource_definition(name).status.conditions or []
-    return any(c.type == "Established" and c.status == "True" for c in conditions)
-
-
 @pytest.fixture(scope="module")
 def chart_crds(k8s_cluster: LocalCluster) -> list[str]:
     """The chart's crds/ folder (StreamingJob, and kopf's peering CRDs), as Helm installs it."""
-    ext = client.ApiextensionsV1Api(k8s_cluster.api_client)
-    names = []
-    for path in sorted(CHART_CRDS.glob("*.yaml")):
-        for document in yaml.safe_load_all(path.read_text()):
-            if document:
-                _apply_crd(ext, document)
-                names.append(document["metadata"]["name"])
-    deadline = time.monotonic() + WAIT_SECONDS
-    while not all(_established(ext, name) for name in names):
-        assert time.monotonic() < deadline, f"CRDs not Established: {names}"
-        time.sleep(POLL_SECONDS)
-    return names
+    return [
+        name for path in sorted(CHART_CRDS.glob("*.yaml")) for name in k8s_cluster.apply_crds(path)
+    ]
 
 
 @pytest.fixture(scope="module")

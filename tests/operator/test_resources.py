@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from datetime import UTC, datetime
 
 import kubernetes_validate
@@ -91,6 +92,7 @@ def test_driver_pod_runs_the_driver_cli_contract():
         "k8s://https://kubernetes.default.svc",
     ]
     assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"].get("automountServiceAccountToken", True)  # the API's token
     assert pod["spec"]["serviceAccountName"] == "wc-driver"
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 8000}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8000}
@@ -241,3 +243,24 @@ def test_every_object_is_valid_kubernetes():
     ]
     for obj in objects:
         kubernetes_validate.validate(obj, "1.30", strict=True)
+
+
+def test_driver_command_passes_the_drivers_own_checks(tmp_path, monkeypatch):
+    """The driver parses the pod's arguments, and its API may listen on every interface
+    because the pod's environment names a token file (the ServiceAccount token, here a stand-in
+    file)."""
+    from dstream.cli import add_run_arguments
+    from dstream_api.auth import refuse_open_to_network
+
+    container = resources.driver_pod(job(), OWNER, "service")["spec"]["containers"][0]
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser, default_master=None)
+    args = parser.parse_args(container["args"])
+    assert (args.host, args.port) == ("0.0.0.0", resources.API_PORT)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DSTREAM_API_TOKEN_FILE"] == resources.API_TOKEN_FILE
+    token = tmp_path / "token"
+    token.write_text("a-service-account-token\n")
+    monkeypatch.setenv("DSTREAM_API_TOKEN_FILE", str(token))
+    monkeypatch.delenv("DSTREAM_API_TOKEN", raising=False)
+    refuse_open_to_network(args.host)
