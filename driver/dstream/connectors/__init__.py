@@ -16,6 +16,7 @@ from pyspark import RDD
 from dstream.connectors.console import console_sink
 from dstream.connectors.files import files_sink, files_source
 from dstream.connectors.rate import rate_source
+from dstream.connectors.redis import redis_source
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext
@@ -27,6 +28,7 @@ Sink = Callable[[datetime, RDD], None]
 SOURCES: dict[str, Callable[[StreamingContext, Source], InputDStream]] = {
     "rate": rate_source,
     "files": files_source,
+    "redis": redis_source,
 }
 
 SINKS: dict[str, Callable[[StreamingJob], Sink]] = {
