@@ -15,6 +15,7 @@ from pyspark import RDD
 
 from dstream.connectors.console import console_sink
 from dstream.connectors.files import files_sink, files_source
+from dstream.connectors.nats import nats_source
 from dstream.connectors.rate import rate_source
 from dstream.connectors.redis import redis_source
 
@@ -29,6 +30,7 @@ SOURCES: dict[str, Callable[[StreamingContext, Source], InputDStream]] = {
     "rate": rate_source,
     "files": files_source,
     "redis": redis_source,
+    "nats": nats_source,
 }
 
 SINKS: dict[str, Callable[[StreamingJob], Sink]] = {
