@@ -1,0 +1,125 @@
+"""A real PostgreSQL server for tests: Debian's binaries, a temporary cluster, a free loopback port.
+
+PostgreSQL refuses to run as root, so as root the server runs as the `postgres` user that the
+Debian package creates. The superuser `postgres` connects without a password; the role
+`secretive` (password `SECRET_PASSWORD`) must authenticate with SCRAM, which is how the tests
+show that the password from the environment reaches the server.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = "postgresql"
+SECRET_ROLE = "secretive"
+SECRET_PASSWORD = "s3cret-pw"
+START_TIMEOUT_S = 60
+
+HBA = f"""\
+host all {SECRET_ROLE} 127.0.0.1/32 scram-sha-256
+host all all 127.0.0.1/32 trust
+"""
+
+
+def server_bin() -> Path:
+    """The newest installed server's bin directory, or a failure naming the package."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), key=_major)
+    if not found:
+        raise RuntimeError(
+            f"PostgreSQL server binaries not found (/usr/lib/postgresql/*/bin/pg_ctl): "
+            f"install the Debian package {PACKAGE!r} (make test does, from .ci/debian-packages)"
+        )
+    return Path(found[-1]).parent
+
+
+def _major(pg_ctl: str) -> int:
+    return int(Path(pg_ctl).parts[-3])
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class PostgresServer:
+    bin: Path
+    data: Path
+    port: int
+    user: str | None  # whom to run as, when we are root
+
+    def dsn(self, user: str = "postgres", database: str = "postgres") -> str:
+        return f"postgresql://{user}@127.0.0.1:{self.port}/{database}"
+
+    def command(self, *args: str | Path) -> list[str]:
+        argv = [str(a) for a in args]
+        return ["runuser", "-u", self.user, "--", *argv] if self.user else argv
+
+    def run(self, *args: str | Path) -> None:
+        subprocess.run(self.command(*args), check=True, capture_output=True, text=True)
+
+    def start(self) -> None:
+        """Start and wait (pg_ctl -w) until the server accepts connections."""
+        options = (
+            f"-c listen_addresses=127.0.0.1 -c port={self.port}"
+            f" -c unix_socket_directories={self.data} -c fsync=off"
+        )
+        self.run(
+            self.bin / "pg_ctl",
+            "start",
+            "-w",
+            "-t",
+            str(START_TIMEOUT_S),
+            "-D",
+            self.data,
+            "-l",
+            self.data / "server.log",
+            "-o",
+            options,
+        )
+
+    def stop(self) -> None:
+        self.run(self.bin / "pg_ctl", "stop", "-w", "-m", "fast", "-D", self.data)
+
+
+def run_as() -> str | None:
+    """As root: the Debian package's `postgres` user (the server will not run as root)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        raise RuntimeError(
+            f"running as root but there is no 'postgres' user; install the Debian package {PACKAGE!r}"
+        ) from None
+    return "postgres"
+
+
+def running_postgres() -> Iterator[PostgresServer]:
+    """A fresh cluster in a temporary directory, started; stopped and removed afterwards."""
+    user = run_as()
+    base = Path(tempfile.mkdtemp(prefix="dstream-pg-"))
+    data = base / "data"
+    if user:
+        shutil.chown(base, user)
+    server = PostgresServer(server_bin(), data, free_port(), user)
+    server.run(server.bin / "initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8")
+    (data / "pg_hba.conf").write_text(HBA)
+    server.start()
+    try:
+        yield server
+    finally:
+        try:
+            server.stop()
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
