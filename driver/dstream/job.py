@@ -15,14 +15,13 @@ from typing import Any
 from pyspark import SparkConf, SparkContext
 
 from dstream import pydaemon
-from dstream.apps import COUNTING, build_app
+from dstream.apps import build_app
 from dstream.checkpoint import move_checkpoint_aside
+from dstream.connectors import create_sink, create_source
 from dstream.context import StreamingContext
-from dstream.dstream import DStream
 from dstream.metrics import StreamingMetrics
 from dstream.scheduler import BatchInfo
-from dstream.sinks import ConsoleSink, FilesSink
-from dstream.spec import JobSpec, Source, StreamingJob, duration_ms
+from dstream.spec import StreamingJob, duration_ms
 
 log = logging.getLogger(__name__)
 
@@ -54,26 +53,6 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
     return conf
 
 
-def create_source(ssc: StreamingContext, source: Source) -> DStream:
-    if source.type == "rate":
-        assert source.rate is not None
-        rate = source.rate
-        return ssc.rateStream(
-            rate.records_per_second, rate.partitions, rate.seed, rate.record_bytes
-        )
-    assert source.files is not None
-    return ssc.fileStream(source.files.path, source.files.format)
-
-
-def attach_sink(stream: DStream, spec: JobSpec) -> None:
-    if spec.sink.type == "files":
-        assert spec.sink.files is not None
-        stream.foreachRDD(FilesSink(spec.sink.files.path))
-    else:
-        num = spec.sink.console.num if spec.sink.console else 10
-        stream.foreachRDD(ConsoleSink(num, largest_first=spec.app.builtin in COUNTING))
-
-
 def build_context(job: StreamingJob, sc: SparkContext) -> StreamingContext:
     """The job's graph: source -> app -> sink, with its checkpoint attached."""
     spec = job.spec
@@ -87,8 +66,9 @@ def build_context(job: StreamingJob, sc: SparkContext) -> StreamingContext:
         for stream in ssc._graph.streams:
             if stream._must_checkpoint:
                 stream.checkpoint(interval_s)
+    sink = create_sink(job)
     for output in outputs:
-        attach_sink(output, spec)
+        output.foreachRDD(sink)
     return ssc
 
 
