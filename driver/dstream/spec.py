@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qs, urlsplit
 
 import yaml
 from pydantic import (

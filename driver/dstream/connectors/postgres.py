@@ -21,8 +21,9 @@ the column `value`; every row gets `batch_time` (timestamptz). A missing table i
 the batch's most common row shape (with a primary key on `keyColumns` in upsert mode); an
 existing one is checked first, and rejected with an error naming the column when no record of
 the batch fits it, before anything is written. A record that does not fit a table that others
-fit (a dict missing a column, a value PostgreSQL refuses) is counted, written with the reason to
-the batch's dead-letter file, and left out; the rest of the batch commits.
+fit (a dict missing a column, a value PostgreSQL refuses) is counted and left out of the table:
+it goes, as JSON with the reason, into the dead-letter table `dstream_rejected` in the same
+transaction, so it is recorded exactly once too; the rest of the batch commits.
 """
 
 from __future__ import annotations
@@ -31,25 +32,26 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 from pyspark import RDD
 
-from dstream.checkpoint import write_atomically
 from dstream.spec import PostgresSink as PostgresSettings
 from dstream.spec import password_env
 from dstream.timeutil import time_to_ms
 
+if TYPE_CHECKING:
+    from dstream.spec import StreamingJob
+
 log = logging.getLogger(__name__)
 
 COMMIT_TABLE = "dstream_commits"
+REJECTED_TABLE = "dstream_rejected"
 BATCH_TIME = "batch_time"
 CONNECT_TIMEOUT_S = 10
 
@@ -67,13 +69,13 @@ _SQL_TYPES: list[tuple[type, str]] = [
 ]
 
 
-class TableMismatch(ValueError):
+class TableMismatchError(ValueError):
     """The target table cannot hold this output; the message names the column."""
 
 
 @dataclass(frozen=True)
 class Rejected:
-    """A record left out of the table, with why (what the dead-letter file holds)."""
+    """A record left out of the table, with why (a row of the dead-letter table)."""
 
     record: Any
     reason: str
@@ -127,48 +129,50 @@ def check_table(
     settings: PostgresSettings,
     rows: list[dict[str, Any]],
 ) -> None:
-    """Raise TableMismatch naming the column when the existing table cannot take this output."""
+    """Raise TableMismatchError naming the column when the existing table cannot take this output."""
     if columns.get(BATCH_TIME) != "timestamp with time zone":
         found = columns.get(BATCH_TIME)
-        raise TableMismatch(
+        raise TableMismatchError(
             f"table {table}: column {BATCH_TIME!r} must be timestamptz"
             + (f", is {found}" if found else ", is missing")
         )
     if settings.mode == "upsert":
         for key in settings.key_columns:
             if key not in columns:
-                raise TableMismatch(f"table {table}: no key column {key!r} for upsert")
+                raise TableMismatchError(f"table {table}: no key column {key!r} for upsert")
         if sorted(settings.key_columns) not in [sorted(k) for k in unique_keys]:
-            raise TableMismatch(
+            raise TableMismatchError(
                 f"table {table}: upsert needs a primary key or unique index on exactly "
                 f"{', '.join(settings.key_columns)}"
             )
     data_columns = [c for c in columns if c != BATCH_TIME]
     if rows and all(misfit(row, data_columns) for row in rows):
-        reason = misfit(rows[0], data_columns)
-        raise TableMismatch(
-            f"table {table}: no record of the batch fits its columns "
-            f"({', '.join(columns)}); the first: {reason}"
+        raise TableMismatchError(
+            f"table {table} {_difference(rows[0], data_columns)}: no record of the batch fits"
+            f" its columns ({', '.join(columns)}); the first is written as"
+            f" {', '.join([*rows[0], BATCH_TIME])}"
         )
+
+
+def _difference(row: dict[str, Any], data_columns: list[str]) -> str:
+    """The first column that the table lacks for this row, or has and the row lacks."""
+    unknown = [c for c in row if c not in data_columns]
+    if unknown:
+        return f"has no column {unknown[0]!r}"
+    missing = [c for c in data_columns if c not in row]
+    return f"has a column {missing[0]!r} that the records lack"
 
 
 class PostgresSink:
     """A `foreachRDD` function writing each batch of one output stream in one transaction.
 
     `output` tells apart the streams of a job that writes several into the same table (the
-    commit row is per output). `deadletter(batch_ms)` is the batch's dead-letter directory.
+    commit row is per output).
     """
 
-    def __init__(
-        self,
-        job: str,
-        settings: PostgresSettings,
-        deadletter: Callable[[int], str],
-        output: int = 0,
-    ):
+    def __init__(self, job: str, settings: PostgresSettings, output: int = 0):
         self.job = job
         self.settings = settings
-        self.deadletter = deadletter
         self.output = output
         self.rejected_records = 0
         password = os.environ.get(password_env("postgres"))
@@ -185,16 +189,18 @@ class PostgresSink:
         try:
             rejected = self.commit(batch_ms, records, row_by_row=False)
         except (psycopg.DataError, psycopg.IntegrityError) as error:
-            log.warning("batch %s: %s; writing row by row to find the rejected records", time, error)
+            log.warning(
+                "batch %s: %s; writing row by row to find the rejected records", time, error
+            )
             rejected = self.commit(batch_ms, records, row_by_row=True)
         if rejected:
             self.rejected_records += len(rejected)
             log.warning(
-                "batch %s: %d records left out of %s (dead-letter: %s)",
+                "batch %s: %d records left out of %s (see %s)",
                 time,
                 len(rejected),
                 self.settings.table,
-                self.deadletter_file(batch_ms),
+                REJECTED_TABLE,
             )
 
     def connect(self) -> psycopg.Connection:
@@ -207,9 +213,8 @@ class PostgresSink:
         )
 
     def commit(self, batch_ms: int, records: list[Any], row_by_row: bool) -> list[Rejected]:
-        """One transaction: the commit row, then the rows; nothing when already committed.
-        Returns the records left out (already in the dead-letter file, written before the
-        transaction commits so that a crash in between rewrites the same file on re-run)."""
+        """One transaction: the commit row, the rows, the rejected records; nothing when the
+        batch is already committed. Returns the records left out."""
         batch_time = datetime.fromtimestamp(batch_ms / 1000, UTC)
         rows = [row_of(record) for record in records]
         with self.connect() as conn, conn.transaction():
@@ -234,29 +239,62 @@ class PostgresSink:
                 refused = self.insert_all(conn, statement, values)
             rejected += refused
             self.record_counts(conn, batch_time, len(values) - len(refused), len(rejected))
-            if rejected:
-                self.write_deadletter(batch_ms, rejected)
+            self.record_rejected(conn, batch_time, rejected)
         return rejected
 
     def claim(self, conn: psycopg.Connection, batch_time: datetime) -> bool:
         """Insert this batch's commit row; False when a committed run already holds it."""
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (job text NOT NULL, target text NOT NULL,"
-                " output integer NOT NULL, batch_time timestamptz NOT NULL,"
-                " rows bigint NOT NULL DEFAULT 0, rejected bigint NOT NULL DEFAULT 0,"
-                " committed_at timestamptz NOT NULL DEFAULT now(),"
-                " PRIMARY KEY (job, target, output, batch_time))"
-            ).format(self.commit_table())
-        )
+        self.create_bookkeeping(conn)
         cursor = conn.execute(
             sql.SQL(
                 "INSERT INTO {} (job, target, output, batch_time) VALUES (%s, %s, %s, %s)"
                 " ON CONFLICT DO NOTHING"
-            ).format(self.commit_table()),
+            ).format(self.own_table(COMMIT_TABLE)),
             (self.job, self.settings.table, self.output, batch_time),
         )
         return cursor.rowcount == 1
+
+    def create_bookkeeping(self, conn: psycopg.Connection) -> None:
+        """The commit and dead-letter tables, beside the target table."""
+        batch = "job text NOT NULL, target text NOT NULL, output integer NOT NULL,"
+        batch += " batch_time timestamptz NOT NULL"
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (" + batch + ","
+                " rows bigint NOT NULL DEFAULT 0, rejected bigint NOT NULL DEFAULT 0,"
+                " committed_at timestamptz NOT NULL DEFAULT now(),"
+                " PRIMARY KEY (job, target, output, batch_time))"
+            ).format(self.own_table(COMMIT_TABLE))
+        )
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (" + batch + ", record jsonb, reason text NOT NULL)"
+            ).format(self.own_table(REJECTED_TABLE))
+        )
+
+    def record_rejected(
+        self, conn: psycopg.Connection, batch_time: datetime, rejected: list[Rejected]
+    ) -> None:
+        if not rejected:
+            return
+        with conn.cursor() as cursor:
+            cursor.executemany(
+                sql.SQL(
+                    "INSERT INTO {} (job, target, output, batch_time, record, reason)"
+                    " VALUES (%s, %s, %s, %s, %s, %s)"
+                ).format(self.own_table(REJECTED_TABLE)),
+                [
+                    (
+                        self.job,
+                        self.settings.table,
+                        self.output,
+                        batch_time,
+                        as_json(r.record),
+                        r.reason,
+                    )
+                    for r in rejected
+                ],
+            )
 
     def record_counts(
         self, conn: psycopg.Connection, batch_time: datetime, rows: int, rejected: int
@@ -265,7 +303,7 @@ class PostgresSink:
             sql.SQL(
                 "UPDATE {} SET rows = %s, rejected = %s"
                 " WHERE job = %s AND target = %s AND output = %s AND batch_time = %s"
-            ).format(self.commit_table()),
+            ).format(self.own_table(COMMIT_TABLE)),
             (rows, rejected, self.job, self.settings.table, self.output, batch_time),
         )
 
@@ -276,9 +314,7 @@ class PostgresSink:
             self.create_table(conn, new_table_columns(rows))
             columns = self.table_columns(conn)
         elif columns:
-            check_table(
-                self.settings.table, columns, self.unique_keys(conn), self.settings, rows
-            )
+            check_table(self.settings.table, columns, self.unique_keys(conn), self.settings, rows)
         return columns
 
     def table_columns(self, conn: psycopg.Connection) -> dict[str, str]:
@@ -310,7 +346,7 @@ class PostgresSink:
         if self.settings.mode == "upsert":
             missing = [k for k in self.settings.key_columns if k not in columns]
             if missing:
-                raise TableMismatch(
+                raise TableMismatchError(
                     f"table {self.settings.table}: the records have no key column {missing[0]!r}"
                 )
             keys = sql.SQL(", ").join(map(sql.Identifier, self.settings.key_columns))
@@ -388,16 +424,17 @@ class PostgresSink:
     def table(self) -> sql.Identifier:
         return sql.Identifier(*self.settings.table.split("."))
 
-    def commit_table(self) -> sql.Identifier:
+    def own_table(self, name: str) -> sql.Identifier:
+        """One of the sink's bookkeeping tables, in the target table's schema."""
         schema = self.settings.table.split(".")[:-1]
-        return sql.Identifier(*schema, COMMIT_TABLE)
+        return sql.Identifier(*schema, name)
 
-    def deadletter_file(self, batch_ms: int) -> Path:
-        return Path(self.deadletter(batch_ms)) / f"postgres-{self.settings.table}-{self.output}.jsonl"
 
-    def write_deadletter(self, batch_ms: int, rejected: Iterable[Rejected]) -> None:
-        lines = (
-            json.dumps({"record": r.record, "reason": r.reason}, default=str) + "\n"
-            for r in rejected
-        )
-        write_atomically(self.deadletter_file(batch_ms), "".join(lines).encode())
+def as_json(record: Any) -> Jsonb:
+    """A record as JSON, whatever it holds (what is not JSON becomes its string)."""
+    return Jsonb(json.loads(json.dumps(record, default=str)))
+
+
+def postgres_sink(job: StreamingJob, output: int) -> PostgresSink:
+    assert job.spec.sink.postgres is not None
+    return PostgresSink(job.metadata.name, job.spec.sink.postgres, output)
