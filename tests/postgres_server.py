@@ -19,6 +19,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+from debian_packages import INSTALLER, LIST, listed
+
 PACKAGE = "postgresql"
 SECRET_ROLE = "secretive"
 SECRET_PASSWORD = "s3cret-pw"
@@ -31,12 +34,14 @@ host all all 127.0.0.1/32 trust
 
 
 def server_bin() -> Path:
-    """The newest installed server's bin directory, or a failure naming the package."""
+    """The newest installed server's bin directory, or a failed test naming the package."""
+    assert PACKAGE in listed(), f"{PACKAGE} is not in {LIST.name}: add it, so make test installs it"
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), key=_major)
     if not found:
-        raise RuntimeError(
-            f"PostgreSQL server binaries not found (/usr/lib/postgresql/*/bin/pg_ctl): "
-            f"install the Debian package {PACKAGE!r} (make test does, from .ci/debian-packages)"
+        pytest.fail(
+            f"PostgreSQL's server (/usr/lib/postgresql/*/bin/pg_ctl) is not installed: run "
+            f"`bash {INSTALLER}` as root (`make test` does), or `apt-get install {PACKAGE}`",
+            pytrace=False,
         )
     return Path(found[-1]).parent
 
@@ -66,7 +71,9 @@ class PostgresServer:
         return ["runuser", "-u", self.user, "--", *argv] if self.user else argv
 
     def run(self, *args: str | Path) -> None:
-        subprocess.run(self.command(*args), check=True, capture_output=True, text=True)
+        done = subprocess.run(self.command(*args), capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(map(str, args))} failed:\n{done.stdout}{done.stderr}")
 
     def start(self) -> None:
         """Start and wait (pg_ctl -w) until the server accepts connections."""
@@ -99,9 +106,10 @@ def run_as() -> str | None:
     try:
         pwd.getpwnam("postgres")
     except KeyError:
-        raise RuntimeError(
-            f"running as root but there is no 'postgres' user; install the Debian package {PACKAGE!r}"
-        ) from None
+        pytest.fail(
+            f"running as root but there is no 'postgres' user: `apt-get install {PACKAGE}`",
+            pytrace=False,
+        )
     return "postgres"
 
 
