@@ -80,7 +80,11 @@ def test_defaults_fill_an_minimal_job():
             0,
             "spec.source.rate.recordsPerSecond: Input should be greater",
         ),
-        ("spec.source.type", "kafka", "spec.source.type: Input should be 'rate' or 'files'"),
+        (
+            "spec.source.type",
+            "kafka",
+            "spec.source.type: Input should be 'rate', 'files', 'redis' or 'nats'",
+        ),
         (
             "spec.source.rate",
             None,

@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     from dstream.context import StreamingContext
 
 
+class SourceError(RuntimeError):
+    """A source cannot deliver the input it must: its broker is unreachable, a stream is
+    missing, or records of a planned or recorded range are gone. Running on would silently
+    change the job's output, so the job stops with this message instead."""
+
+
 class InputDStream(DStream):
     """A stream with no parents whose RDD for a time comes from that time's planned range."""
 
@@ -60,6 +66,11 @@ class InputDStream(DStream):
     def backlog(self, now_ms: int) -> int | None:
         """Records available but not yet admitted (None when the source cannot tell)."""
         return None
+
+    def backlog_by_partition(self) -> dict[str, int]:
+        """The backlog per source partition (a broker's stream), for lag per partition; {} when
+        the source has one partition or cannot tell."""
+        return {}
 
     def position(self) -> Any:
         """Source state a restarted driver needs beyond the ranges (JSON-able)."""

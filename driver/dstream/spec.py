@@ -169,14 +169,50 @@ def secret_env(spec: JobSpec) -> dict[str, SecretKeyRef]:
     return found
 
 
+REDIS_URL_PATTERN = r"^(redis|rediss|unix)://"
+NATS_URL_PATTERN = r"^(nats|tls|ws|wss)://"
+StartFrom = Literal["earliest", "latest"]
+
+
+class RedisSource(SpecModel):
+    """Redis Streams (Redis 7 or later): each batch is a recorded entry-ID range per stream."""
+
+    url: str = Field(pattern=REDIS_URL_PATTERN, description="e.g. redis://127.0.0.1:6379/0")
+    streams: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    field: str | None = Field(
+        None, min_length=1, description="Entry field holding the record; unset: all fields."
+    )
+    start_from: StartFrom = "earliest"
+
+    @field_validator("streams")
+    @classmethod
+    def _distinct(cls, streams: list[str]) -> list[str]:
+        if len(set(streams)) != len(streams):
+            raise ValueError("a stream is listed twice")
+        return streams
+
+
+class NatsSource(SpecModel):
+    """NATS JetStream: each batch is a recorded range of stream sequence numbers."""
+
+    url: str = Field(pattern=NATS_URL_PATTERN, description="e.g. nats://127.0.0.1:4222")
+    stream: str = Field(min_length=1, pattern=r"^[^.*>\s]+$")
+    subjects: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="Read only messages on these subjects (wildcards ok)."
+    )
+    start_from: StartFrom = "earliest"
+
+
 class Source(SpecModel):
-    type: Literal["rate", "files"]
+    type: Literal["rate", "files", "redis", "nats"]
     rate: RateSource | None = None
     files: FilesSource | None = None
+    redis: RedisSource | None = None
+    nats: NatsSource | None = None
 
     @model_validator(mode="after")
     def _block_for_type(self) -> Source:
-        _require_block(self, self.type, ("rate", "files"))
+        _require_block(self, self.type, ("rate", "files", "redis", "nats"))
         return self
 
 

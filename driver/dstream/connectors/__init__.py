@@ -17,6 +17,7 @@ from dstream.connectors.console import console_sink
 from dstream.connectors.files import files_sink, files_source
 from dstream.connectors.postgres import postgres_sink
 from dstream.connectors.rate import rate_source
+from dstream.connectors.redis import redis_source
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext
@@ -28,6 +29,7 @@ Sink = Callable[[datetime, RDD], None]
 SOURCES: dict[str, Callable[[StreamingContext, Source], InputDStream]] = {
     "rate": rate_source,
     "files": files_source,
+    "redis": redis_source,
 }
 
 # A sink factory takes the job and the index of the app's output stream it writes: a job may

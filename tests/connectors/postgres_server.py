@@ -12,7 +12,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from debian_packages import INSTALLER, LIST, listed
+from servers import free_port
 
 PACKAGE = "postgresql"
 SECRET_ROLE = "secretive"
@@ -48,12 +48,6 @@ def server_bin() -> Path:
 
 def _major(pg_ctl: str) -> int:
     return int(Path(pg_ctl).parts[-3])
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @dataclass
