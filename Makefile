@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_SECONDS ?= 30
 
-.PHONY: setup demo test test-fast lint crd e2e bench bench-quick clean
+.PHONY: setup debian-packages demo test test-fast lint crd e2e bench bench-quick clean
 
 setup: $(STAMP)
 
@@ -24,8 +24,14 @@ demo: setup
 	$(BIN)/dstream run examples/wordcount.yaml --duration $(DEMO_SECONDS) \
 		--checkpoint $(DEMO_CHECKPOINT)
 
-test: setup
-	$(BIN)/python -m pytest -ra
+# The Debian packages the tests need (.ci/debian-packages), installed when missing.
+debian-packages:
+	bash .ci/install-debian-packages
+
+# Progress per file, then the 25 slowest tests. The first run also builds Kubernetes (cached in
+# /var/cache/dstream-k8s) and the image (/var/cache/dstream-image): see the README.
+test: setup debian-packages
+	$(BIN)/python -m pytest -ra --durations=25
 
 test-fast: setup
 	$(BIN)/python -m pytest -ra -m "not k8s and not slow"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from debian_packages import require_binary
 from running_driver import free_port, running_driver, stop_process_group
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "helm/dstream/dashboards/dstream.json"
@@ -21,7 +21,6 @@ JOB = "dashjob"
 # What Grafana would substitute; the ranges only need to span a few 1 s scrapes.
 GRAFANA_VARIABLES = {"$job": JOB, "$__rate_interval": "15s", "$__range": "5m"}
 QUERY_TIMEOUT_S = 150
-APT_PACKAGE = "prometheus"
 
 
 def dashboard() -> dict[str, Any]:
@@ -74,13 +73,7 @@ def test_dashboard_structure():
 
 @pytest.fixture
 def prometheus_binary() -> str:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip(
-            f"the prometheus binary is missing: .ci/run must install the Debian package "
-            f"`{APT_PACKAGE}` (apt-get install -y {APT_PACKAGE})"
-        )
-    return binary
+    return require_binary("prometheus", "prometheus")
 
 
 def prometheus_config(target_port: int) -> str:

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dstream.spec import SpecError, duration_ms, load_job, parse_job
+from dstream.spec import (
+    SecretKeyRef,
+    SpecError,
+    duration_ms,
+    load_job,
+    parse_job,
+    password_env,
+    secret_env,
+)
 
 WORDCOUNT = yaml.safe_load(
     (Path(__file__).parent.parent / "examples" / "wordcount.yaml").read_text()
@@ -125,3 +133,67 @@ def test_load_job_reports_yaml_errors_and_missing_kind(tmp_path):
     two.write_text("kind: A\n---\nkind: B\n")
     with pytest.raises(SpecError, match="no document of kind StreamingJob"):
         load_job(two)
+
+
+def postgres_sink(**fields) -> dict:
+    return with_change(
+        "spec.sink", {"type": "postgres", "postgres": {"dsn": "host=db user=app", **fields}}
+    )
+
+
+def test_a_postgres_sink_with_a_secret_maps_to_one_environment_variable():
+    job = parse_job(
+        postgres_sink(
+            table="analytics.counts",
+            mode="upsert",
+            passwordSecret={"name": "pg-credentials", "key": "password"},
+        )
+    )
+    postgres = job.spec.sink.postgres
+    assert (postgres.table, postgres.mode, postgres.key_columns) == (
+        "analytics.counts",
+        "upsert",
+        ["key"],
+    )
+    assert password_env("postgres") == "DSTREAM_POSTGRES_PASSWORD"
+    assert secret_env(job.spec) == {
+        "DSTREAM_POSTGRES_PASSWORD": SecretKeyRef(name="pg-credentials", key="password")
+    }
+    assert secret_env(parse_job(WORDCOUNT).spec) == {}
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://app:hunter2@db:5432/counts",
+        "postgres://db/counts?user=app&password=hunter2",
+        "host=db user=app password=hunter2",
+        "host=db PASSWORD = hunter2",
+    ],
+)
+def test_a_password_in_the_dsn_is_rejected(dsn):
+    with pytest.raises(SpecError, match=r"spec\.sink\.postgres\.dsn: .*passwordSecret"):
+        parse_job(postgres_sink(dsn=dsn, table="counts"))
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"table": "Counts"}, "spec.sink.postgres.table"),
+        ({"table": "counts; drop table x"}, "spec.sink.postgres.table"),
+        ({"table": "counts", "mode": "merge"}, "spec.sink.postgres.mode"),
+        ({"table": "counts", "keyColumns": []}, "spec.sink.postgres.keyColumns"),
+        (
+            {"table": "counts", "passwordSecret": {"name": "Pg", "key": "p"}},
+            "spec.sink.postgres.passwordSecret.name",
+        ),
+        (
+            {"table": "counts", "passwordSecret": {"name": "pg"}},
+            "spec.sink.postgres.passwordSecret.key",
+        ),
+    ],
+)
+def test_bad_postgres_settings_name_the_field(fields, field):
+    with pytest.raises(SpecError) as error:
+        parse_job(postgres_sink(**fields))
+    assert any(problem.startswith(field) for problem in error.value.problems), error.value

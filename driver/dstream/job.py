@@ -66,9 +66,8 @@ def build_context(job: StreamingJob, sc: SparkContext) -> StreamingContext:
         for stream in ssc._graph.streams:
             if stream._must_checkpoint:
                 stream.checkpoint(interval_s)
-    sink = create_sink(job)
-    for output in outputs:
-        output.foreachRDD(sink)
+    for index, output in enumerate(outputs):
+        output.foreachRDD(create_sink(job, index))
     return ssc
 
 

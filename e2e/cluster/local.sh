@@ -56,9 +56,9 @@ NODE_NAME=""
 APISERVER_HOST=""
 APISERVER_URL=""
 
-# gcc and libc6-dev: kubelet and kubemark are built with cgo.
-readonly APT_PACKAGES=(etcd-server golang-1.19-go rsync make gcc libc6-dev
-  golang-github-modern-go-reflect2-dev dpkg-dev openssl curl ca-certificates)
+# The Debian packages it needs (build, etcd, the real node) are in the project's one list.
+PACKAGE_INSTALLER="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.ci/install-debian-packages"
+readonly PACKAGE_INSTALLER
 
 CURRENT_STEP="starting"
 
@@ -150,22 +150,8 @@ apt_update_once() {
 }
 
 install_apt_packages() {
-  step "installing Debian packages: ${APT_PACKAGES[*]}"
-  local missing=() pkg
-  for pkg in "${APT_PACKAGES[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "${pkg}" 2>/dev/null | grep -q 'install ok installed'; then
-      missing+=("${pkg}")
-    fi
-  done
-  if ((${#missing[@]} == 0)); then
-    log "all packages already installed"
-    return
-  fi
-  log "apt-get install ${missing[*]}"
-  apt_update_once
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" \
-    >"${CACHE_DIR}/apt-install.log" 2>&1 ||
-    die "apt-get install failed, see ${CACHE_DIR}/apt-install.log"
+  step "installing the missing Debian packages of .ci/debian-packages"
+  bash "${PACKAGE_INSTALLER}" || die "could not install the Debian packages (see above)"
 }
 
 has_bookworm_deb_src() {
@@ -671,7 +657,6 @@ cmd_up() {
   fi
   build_binaries
   install_apt_packages
-  [[ "${NODE_KIND}" == real ]] && install_real_node_packages
   step "checking that the ports are free"
   check_ports_free
   rm -rf "${STATE_DIR}"

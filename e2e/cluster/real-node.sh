@@ -27,7 +27,6 @@ readonly CONTAINERD_RUN_DIR=/run/containerd
 readonly PAUSE_VERSION=3.4
 readonly PAUSE_IMAGE="dstream.local/pause:${PAUSE_VERSION}"
 readonly ISOLATION_COMMENT=dstream-pods-stay-local
-readonly REAL_NODE_APT_PACKAGES=(containerd runc containernetworking-plugins iptables iproute2)
 # Kernel settings the node changes; their previous values are restored by `down`.
 readonly SAVED_SYSCTLS=(net.ipv4.ip_forward net.ipv4.conf.all.route_localnet
   net.bridge.bridge-nf-call-iptables)
@@ -35,20 +34,6 @@ readonly SAVED_SYSCTLS=(net.ipv4.ip_forward net.ipv4.conf.all.route_localnet
 containerd_dir() { echo "${STATE_DIR}/containerd"; }
 containerd_socket() { echo "$(containerd_dir)/containerd.sock"; }
 ctr_k8s() { ctr --address "$(containerd_socket)" --namespace k8s.io "$@"; }
-
-install_real_node_packages() {
-  step "installing Debian packages for the real node: ${REAL_NODE_APT_PACKAGES[*]}"
-  local missing=() pkg
-  for pkg in "${REAL_NODE_APT_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "${pkg}" 2>/dev/null | grep -q 'install ok installed' ||
-      missing+=("${pkg}")
-  done
-  ((${#missing[@]} == 0)) && return
-  apt_update_once
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" \
-    >"${CACHE_DIR}/apt-install-real-node.log" 2>&1 ||
-    die "apt-get install failed, see ${CACHE_DIR}/apt-install-real-node.log"
-}
 
 # ---------------------------------------------------------------------------------------------
 # The sandbox ("pause") image, from the tree's build/pause/linux/pause.c, as a docker-archive.

@@ -143,14 +143,7 @@ parse_args() {
 
 install_packages() {
   STEP="install packages"
-  local missing=()
-  command -v debootstrap >/dev/null || missing+=(debootstrap)
-  command -v buildah >/dev/null || missing+=(buildah)
-  [ ${#missing[@]} -eq 0 ] && return 0
-  say "installing ${missing[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
-    { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-      --no-install-recommends "${missing[@]}" >&2; }
+  bash "${ROOT}/.ci/install-debian-packages" >&2
 }
 
 # The Debian mirror apt already uses here (its deb822 .sources or one-line sources.list).

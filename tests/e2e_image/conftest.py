@@ -17,6 +17,7 @@ import tarfile
 import time
 
 import pytest
+from debian_packages import require_binary
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD_SH = REPO_ROOT / "e2e" / "image" / "build.sh"
@@ -49,9 +50,9 @@ def _echo(request, line: str) -> None:
 def image_tarball(request) -> pathlib.Path:
     """Builds the image (or reuses the cached one), echoing build.sh's progress lines live."""
     if os.geteuid() != 0:
-        pytest.skip("building the image needs root (debootstrap, buildah)")
-    if shutil.which("apt-get") is None:
-        pytest.skip("building the image needs a Debian host (apt-get)")
+        pytest.fail("building the image needs root (debootstrap, buildah storage)", pytrace=False)
+    require_binary("debootstrap", "debootstrap")
+    require_binary("buildah", "buildah")
     started = time.monotonic()
     proc = subprocess.Popen(
         ["bash", str(BUILD_SH)],

@@ -2,18 +2,18 @@
 without Kubernetes: its docker-archive names dstream:e2e, and unpacked and started the way a
 container runtime starts it (entrypoint, env, workdir, non-root user) it imports the project,
 validates the example job, runs it on local Spark, and starts Spark's Kubernetes executor backend
-for the `executor` argument. If containerd is installed, the archive also loads into it
-(e2e/image/load.sh, the same script a real kubelet node uses)."""
+for the `executor` argument. The archive also loads into containerd (e2e/image/load.sh, the same
+script a real kubelet node uses)."""
 
 from __future__ import annotations
 
 import json
 import pathlib
-import shutil
 import subprocess
 import tarfile
 
 import pytest
+from debian_packages import require_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.image]
 
@@ -93,9 +93,9 @@ def test_runs_the_example_job_on_local_spark(image):
     assert "dstream: job wordcount stopped" in result.stdout
 
 
-@pytest.mark.skipif(shutil.which("containerd") is None, reason="containerd is not installed")
 @pytest.mark.timeout(1200, func_only=True)
 def test_archive_loads_into_containerd(image_tarball, tmp_path):
+    require_binary("containerd", "containerd")
     result = subprocess.run(
         ["bash", str(LOAD_SH), "--standalone", str(image_tarball)],
         cwd=REPO_ROOT,

@@ -16,6 +16,7 @@ from pyspark import RDD
 from dstream.connectors.console import console_sink
 from dstream.connectors.files import files_sink, files_source
 from dstream.connectors.nats import nats_source
+from dstream.connectors.postgres import postgres_sink
 from dstream.connectors.rate import rate_source
 from dstream.connectors.redis import redis_source
 
@@ -33,9 +34,12 @@ SOURCES: dict[str, Callable[[StreamingContext, Source], InputDStream]] = {
     "nats": nats_source,
 }
 
-SINKS: dict[str, Callable[[StreamingJob], Sink]] = {
+# A sink factory takes the job and the index of the app's output stream it writes: a job may
+# write several streams, and a transactional sink keeps each one's commits apart.
+SINKS: dict[str, Callable[[StreamingJob, int], Sink]] = {
     "files": files_sink,
     "console": console_sink,
+    "postgres": postgres_sink,
 }
 
 
@@ -44,6 +48,6 @@ def create_source(ssc: StreamingContext, source: Source) -> InputDStream:
     return SOURCES[source.type](ssc, source)
 
 
-def create_sink(job: StreamingJob) -> Sink:
-    """The output function that `sink.type` names, configured from the job."""
-    return SINKS[job.spec.sink.type](job)
+def create_sink(job: StreamingJob, output: int = 0) -> Sink:
+    """The output function that `sink.type` names for the app's `output`-th stream."""
+    return SINKS[job.spec.sink.type](job, output)

@@ -36,7 +36,7 @@ def _show(record: Any) -> str:
     return str(record)
 
 
-def console_sink(job: StreamingJob) -> ConsoleSink:
+def console_sink(job: StreamingJob, output: int = 0) -> ConsoleSink:
     console = job.spec.sink.console
     num = console.num if console else 10
     return ConsoleSink(num, largest_first=job.spec.app.builtin in COUNTING)

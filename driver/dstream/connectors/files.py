@@ -174,6 +174,6 @@ def files_source(ssc: StreamingContext, source: Source) -> InputDStream:
     return FileInputDStream(ssc, source.files.path, source.files.format)
 
 
-def files_sink(job: StreamingJob) -> FilesSink:
+def files_sink(job: StreamingJob, output: int = 0) -> FilesSink:
     assert job.spec.sink.files is not None
     return FilesSink(job.spec.sink.files.path)
