@@ -19,10 +19,12 @@ retried with exponential backoff for `retry_seconds`.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 import nats
 import nats.errors
@@ -32,6 +34,7 @@ from nats.js.client import JetStreamContext
 from pyspark import RDD
 
 from dstream.sources import InputDStream, SourceError
+from dstream.spec import password_env
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext
@@ -71,9 +74,17 @@ async def _quiet(error: Exception) -> None:
 
 
 async def _with_jetstream(url: str, work: Callable[[JetStreamContext], Awaitable[T]]) -> T:
-    """One connection, one unit of work: one attempt to connect (with_backoff retries)."""
+    """One connection, one unit of work: one attempt to connect (with_backoff retries). The
+    password (source.nats.passwordSecret) comes from the environment: with a user in the URL it
+    is that user's password, without one it is the server's token."""
+    password = os.environ.get(password_env("nats"))
+    user = urlsplit(url).username
+    credentials = {}
+    if password is not None:
+        credentials = {"user": user, "password": password} if user else {"token": password}
     client = await nats.connect(
         url,
+        **credentials,
         connect_timeout=2,
         allow_reconnect=False,
         max_reconnect_attempts=1,
