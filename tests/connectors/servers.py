@@ -1,30 +1,19 @@
 """Real Redis and NATS servers from Debian's packages, on free loopback ports, for the tests.
 
-A missing binary fails the test (never skips it) with the package to install: `make test` installs
-every package listed in `.ci/debian-packages`. Data lives under the test's temporary directory and
-survives `restart()`, which is how the tests restart a broker mid-run.
+A missing binary fails the test (never skips it) naming the package to install; `make test`
+installs every package listed in `.ci/debian-packages`. Data lives under the test's temporary
+directory and survives `restart()`, which is how the tests restart a broker mid-run.
 """
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-
-def binary(name: str, package: str) -> str:
-    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin")
-    if path is None:
-        pytest.fail(
-            f"{name} not found: install the Debian package {package!r} "
-            "(`make test` installs everything in .ci/debian-packages)"
-        )
-    return path
+from debian_packages import require_binary
 
 
 def free_port() -> int:
@@ -86,7 +75,7 @@ class RedisServer(Server):
 
     def command(self) -> list[str]:
         return [
-            binary("redis-server", "redis-server"),
+            require_binary("redis-server", "redis-server"),
             "--port",
             str(self.port),
             "--bind",
@@ -111,7 +100,7 @@ class NatsServer(Server):
 
     def command(self) -> list[str]:
         return [
-            binary("nats-server", "nats-server"),
+            require_binary("nats-server", "nats-server"),
             "-js",
             "-a",
             "127.0.0.1",
