@@ -4,12 +4,16 @@ trimming detected, a restarting broker ridden out, bad input named."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
 import redis
+import yaml
 from dstream import StreamingContext
 from dstream.clock import ManualClock
 from dstream.connectors.redis import RedisInputDStream, retries_within
@@ -167,3 +171,27 @@ def test_backoff_retries_fit_the_time_given():
     assert retries_within(0) == 0
     assert 10 <= retries_within(20) <= 20  # 50 ms doubling up to 2 s steps
     assert retries_within(60) > retries_within(20)
+
+
+def test_dstream_run_exits_naming_a_missing_stream(tmp_path, redis_server):
+    manifest = tmp_path / "job.yaml"
+    source = {"type": "redis", "redis": {"url": redis_server.url, "streams": ["nope"]}}
+    manifest.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "dstream.dev/v1alpha1",
+                "kind": "StreamingJob",
+                "metadata": {"name": "missing-stream"},
+                "spec": {"batchInterval": "1s", "app": {"builtin": "wordcount"}, "source": source},
+            }
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "dstream", "run", str(manifest), "--port", "0", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "DSTREAM_SPARK_LOG_LEVEL": "ERROR"},
+    )
+    assert done.returncode == 4, done.stderr[-2000:]
+    assert f"error: redis source: stream 'nope' does not exist at {redis_server.url}" in done.stderr

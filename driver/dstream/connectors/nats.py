@@ -54,7 +54,8 @@ TRANSIENT = (
 
 def with_backoff(call: Callable[[], T], retry_seconds: float, what: str) -> T:
     """call(), again after 50 ms, 100 ms, ... (at most 2 s apart) while it fails transiently;
-    SourceError naming `what` once `retry_seconds` have passed."""
+    SourceError naming `what` once `retry_seconds` have passed, or at once for an error the
+    server answered with."""
     deadline = time.monotonic() + retry_seconds
     delay = 0.05
     while True:
@@ -65,6 +66,8 @@ def with_backoff(call: Callable[[], T], retry_seconds: float, what: str) -> T:
                 raise SourceError(
                     f"{what} unreachable for {retry_seconds:.0f} s: {error!r}"
                 ) from None
+        except nats.errors.Error as error:  # refused by the server: retrying will not help
+            raise SourceError(f"{what}: {error}") from None
         time.sleep(delay)
         delay = min(2.0, delay * 2)
 

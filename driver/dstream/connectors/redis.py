@@ -21,6 +21,7 @@ import json
 import os
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,20 @@ def connect(url: str, retry_seconds: float) -> redis.Redis:
         retry=Retry(BACKOFF, retries_within(retry_seconds)),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
     )
+
+
+@contextmanager
+def server_errors(url: str, retry_seconds: float) -> Iterator[None]:
+    """Redis errors that outlast the retries, as a SourceError naming the server: the job must
+    stop rather than let the scheduler mark a batch failed and move past its input."""
+    try:
+        yield
+    except redis.ResponseError as error:
+        raise SourceError(f"redis source {url}: {error}") from None
+    except redis.RedisError as error:
+        raise SourceError(
+            f"redis source: {url} unreachable for {retry_seconds:.0f} s: {error}"
+        ) from None
 
 
 def retries_within(seconds: float) -> int:
@@ -194,6 +209,10 @@ class RedisInputDStream(InputDStream):
     # -- planning -------------------------------------------------------------------------
 
     def _next_range(self, time_ms: int, max_records: int | None) -> Any:
+        with server_errors(self.url, self.retry_seconds):
+            return self._plan_streams(max_records)
+
+    def _plan_streams(self, max_records: int | None) -> Any:
         infos = {key: self._info(key) for key in self.streams}
         waiting = [self._waiting(key, infos[key]) for key in self.streams]
         shares = split_budget(waiting, max_records)
@@ -213,14 +232,8 @@ class RedisInputDStream(InputDStream):
         return {"streams": planned}
 
     def _info(self, key: str) -> dict[str, Any]:
-        try:
+        with server_errors(self.url, self.retry_seconds):
             return self._client.xinfo_stream(key)
-        except redis.ResponseError as error:
-            raise SourceError(f"redis stream {key!r} at {self.url}: {error}") from None
-        except redis.RedisError as error:
-            raise SourceError(
-                f"redis source: {self.url} unreachable for {self.retry_seconds:.0f} s: {error}"
-            ) from None
 
     def _slice(self, key: str, start: str, stop: str, want: int, per: int) -> list[list[Any]]:
         if want <= 0:
@@ -237,7 +250,8 @@ class RedisInputDStream(InputDStream):
         """Adopt a recorded range, after checking on the server that its entries are all there."""
         for key, reached in planned["streams"].items():
             for first, last, count in reached["slices"]:
-                found = self._slice(key, first, last, count + 1, count + 1)
+                with server_errors(self.url, self.retry_seconds):
+                    found = self._slice(key, first, last, count + 1, count + 1)
                 if found != [[first, last, count]]:
                     raise SourceError(missing_message(key, first, last, count, found))
         super().replay(time_ms, planned)
@@ -284,8 +298,8 @@ def read_range(
     retry_seconds: float,
 ) -> Iterator[Any]:
     """The records of entries first..last of `key` (a task); SourceError if any is gone."""
-    client = connect(url, retry_seconds)
-    entries = list(_entries(client, key, first, last, count))
+    with server_errors(url, retry_seconds):
+        entries = list(_entries(connect(url, retry_seconds), key, first, last, count))
     if len(entries) != count or (entries and entries[0][0] != first):
         got = [[entries[0][0], entries[-1][0], len(entries)]] if entries else []
         raise SourceError(missing_message(key, first, last, count, got))
