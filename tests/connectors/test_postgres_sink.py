@@ -180,16 +180,17 @@ def test_a_record_missing_a_column_is_set_aside_and_the_rest_commits(sc, postgre
 def test_a_value_postgres_refuses_is_set_aside_and_the_rest_commits(sc, postgres, table):
     output = sink(postgres, table)
     output(at(1000), sc.parallelize([("a", 1)]))  # creates value as bigint
-    output(at(1001), sc.parallelize([("b", 2), ("c", "many"), ("d", 4)]))
+    output(at(1001), sc.parallelize([("b", 2), ("c", "many"), (("x", "y"), 5), ("d", 4)]))
     assert query(postgres, f"SELECT key, value FROM {table} ORDER BY key") == [
         ("a", 1),
         ("b", 2),
         ("d", 4),
     ]
-    ((record, reason),) = rejected(postgres, table)
-    assert record == ["c", "many"]
-    assert "InvalidTextRepresentation" in reason and "bigint" in reason
-    assert commits(postgres, table)[-1] == (0, utc(1001), 2, 1)
+    (refused, structured) = rejected(postgres, table)  # by reason
+    assert structured == ([["x", "y"], 5], "a tuple cannot go into column 'key' (text)")
+    assert refused[0] == ["c", "many"]
+    assert "InvalidTextRepresentation" in refused[1] and "bigint" in refused[1]
+    assert commits(postgres, table)[-1] == (0, utc(1001), 2, 2)
 
 
 def test_a_batch_fails_whole_when_the_server_is_down_and_commits_on_rerun(sc, postgres, table):
