@@ -197,3 +197,48 @@ def test_bad_postgres_settings_name_the_field(fields, field):
     with pytest.raises(SpecError) as error:
         parse_job(postgres_sink(**fields))
     assert any(problem.startswith(field) for problem in error.value.problems), error.value
+
+
+def broker_source(kind: str, **fields) -> dict:
+    return with_change("spec.source", {"type": kind, kind: fields})
+
+
+def test_redis_and_nats_sources_with_their_defaults_and_secrets():
+    redis = parse_job(
+        broker_source(
+            "redis",
+            url="redis://127.0.0.1:6379/0",
+            streams=["events"],
+            passwordSecret={"name": "redis-auth", "key": "password"},
+        )
+    ).spec
+    assert (redis.source.redis.field, redis.source.redis.start_from) == (None, "earliest")
+    assert secret_env(redis) == {
+        "DSTREAM_REDIS_PASSWORD": SecretKeyRef(name="redis-auth", key="password")
+    }
+    nats = parse_job(broker_source("nats", url="nats://127.0.0.1:4222", stream="EVENTS")).spec
+    assert (nats.source.nats.subjects, nats.source.nats.start_from) == ([], "earliest")
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields", "field"),
+    [
+        ("redis", {"url": "http://h", "streams": ["a"]}, "spec.source.redis.url"),
+        ("redis", {"url": "redis://u:pw@h/0", "streams": ["a"]}, "spec.source.redis.url"),
+        ("redis", {"url": "redis://h/0", "streams": []}, "spec.source.redis.streams"),
+        ("redis", {"url": "redis://h/0", "streams": ["a", "a"]}, "spec.source.redis.streams"),
+        ("redis", {"url": "redis://h/0", "streams": ["a"], "field": ""}, "spec.source.redis.field"),
+        (
+            "redis",
+            {"url": "redis://h/0", "streams": ["a"], "startFrom": "now"},
+            "spec.source.redis.startFrom",
+        ),
+        ("nats", {"url": "nats://h:4222", "stream": "A.B"}, "spec.source.nats.stream"),
+        ("nats", {"url": "nats://u:pw@h:4222", "stream": "A"}, "spec.source.nats.url"),
+        ("nats", {"url": "nats://h:4222"}, "spec.source.nats.stream"),
+    ],
+)
+def test_bad_broker_settings_name_the_field(kind, fields, field):
+    with pytest.raises(SpecError) as error:
+        parse_job(broker_source(kind, **fields))
+    assert any(problem.startswith(field) for problem in error.value.problems), error.value

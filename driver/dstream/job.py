@@ -21,9 +21,11 @@ from dstream.connectors import create_sink, create_source
 from dstream.context import StreamingContext
 from dstream.metrics import StreamingMetrics
 from dstream.scheduler import BatchInfo
+from dstream.sources import SourceError
 from dstream.spec import StreamingJob, duration_ms
 
 log = logging.getLogger(__name__)
+SOURCE_ERROR = f"{SourceError.__module__}.{SourceError.__name__}:"
 
 
 def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> SparkConf:
@@ -69,6 +71,19 @@ def build_context(job: StreamingJob, sc: SparkContext) -> StreamingContext:
     for index, output in enumerate(outputs):
         output.foreachRDD(create_sink(job, index))
     return ssc
+
+
+def is_source_error(error: BaseException) -> bool:
+    """A SourceError, raised on the driver or in a task (where Spark hands it back as text)."""
+    return isinstance(error, SourceError) or SOURCE_ERROR in str(error)
+
+
+def source_error_text(error: BaseException) -> str:
+    """The SourceError's own message, without Spark's stack traces around it."""
+    text = str(error)
+    if isinstance(error, SourceError) or SOURCE_ERROR not in text:
+        return text
+    return text.split(SOURCE_ERROR, 1)[1].splitlines()[0].strip()
 
 
 class ProgressPrinter:
@@ -122,7 +137,9 @@ class JobRuntime:
         self.ssc.start()
 
     def run_until_stopped(self, duration_s: float | None = None) -> None:
-        """Block until a stop is requested or `duration_s` passes; batch errors are logged."""
+        """Block until a stop is requested or `duration_s` passes; batch errors are logged, but
+        a SourceError (input unreachable or lost) stops the job and is raised: going on would
+        quietly change its output."""
         deadline = None if duration_s is None else time.monotonic() + duration_s
         while not self.stop_requested:
             if deadline is not None and time.monotonic() >= deadline:
@@ -131,6 +148,9 @@ class JobRuntime:
                 if self.ssc.awaitTerminationOrTimeout(0.5):
                     break
             except Exception as error:
+                if is_source_error(error):
+                    self.stop()
+                    raise SourceError(source_error_text(error)) from error
                 log.error("batch failed: %s", error)
         self.stop()
 

@@ -169,6 +169,12 @@ def secret_env(spec: JobSpec) -> dict[str, SecretKeyRef]:
     return found
 
 
+def _url_without_password(url: str) -> str:
+    if urlsplit(url).password is not None:
+        raise ValueError("holds a password; put it in a Secret and name it in passwordSecret")
+    return url
+
+
 REDIS_URL_PATTERN = r"^(redis|rediss|unix)://"
 NATS_URL_PATTERN = r"^(nats|tls|ws|wss)://"
 StartFrom = Literal["earliest", "latest"]
@@ -183,6 +189,12 @@ class RedisSource(SpecModel):
         None, min_length=1, description="Entry field holding the record; unset: all fields."
     )
     start_from: StartFrom = "earliest"
+    password_secret: SecretKeyRef | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _no_password(cls, url: str) -> str:
+        return _url_without_password(url)
 
     @field_validator("streams")
     @classmethod
@@ -201,6 +213,12 @@ class NatsSource(SpecModel):
         default_factory=list, description="Read only messages on these subjects (wildcards ok)."
     )
     start_from: StartFrom = "earliest"
+    password_secret: SecretKeyRef | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _no_password(cls, url: str) -> str:
+        return _url_without_password(url)
 
 
 class Source(SpecModel):

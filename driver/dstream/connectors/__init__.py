@@ -15,6 +15,7 @@ from pyspark import RDD
 
 from dstream.connectors.console import console_sink
 from dstream.connectors.files import files_sink, files_source
+from dstream.connectors.nats import nats_source
 from dstream.connectors.postgres import postgres_sink
 from dstream.connectors.rate import rate_source
 from dstream.connectors.redis import redis_source
@@ -30,6 +31,7 @@ SOURCES: dict[str, Callable[[StreamingContext, Source], InputDStream]] = {
     "rate": rate_source,
     "files": files_source,
     "redis": redis_source,
+    "nats": nats_source,
 }
 
 # A sink factory takes the job and the index of the app's output stream it writes: a job may

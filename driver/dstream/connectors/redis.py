@@ -18,6 +18,7 @@ simply sent again, because every read names its exact range and changes nothing 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ from redis.retry import Retry
 
 from dstream.checkpoint import write_atomically
 from dstream.sources import InputDStream, SourceError, split_budget
+from dstream.spec import password_env
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext
@@ -66,9 +68,11 @@ return slices
 
 def connect(url: str, retry_seconds: float) -> redis.Redis:
     """A client whose commands are retried with backoff for about `retry_seconds` when the
-    connection drops or the server is loading its data after a restart."""
+    connection drops or the server is loading its data after a restart. The password, if any,
+    comes from the environment (source.redis.passwordSecret), on the driver as in tasks."""
     return redis.Redis.from_url(
         url,
+        password=os.environ.get(password_env("redis")),
         decode_responses=True,
         encoding_errors="replace",
         socket_connect_timeout=2,
