@@ -138,6 +138,23 @@ def test_dict_records_are_written_as_their_fields(sc, postgres, table):
     assert rows == [("u1", 4, [], utc(1001))]
 
 
+def test_once_the_tables_exist_a_role_without_create_privilege_writes(sc, postgres, table):
+    sink(postgres, table)(at(1000), sc.parallelize([("a", 1)]))
+    execute(postgres, f"CREATE ROLE {table}_writer LOGIN")
+    execute(
+        postgres,
+        f"GRANT SELECT, INSERT, UPDATE ON {table}, dstream_commits, dstream_rejected"
+        f" TO {table}_writer",
+    )
+    settings = PostgresSettings(dsn=postgres.dsn(f"{table}_writer"), table=table)
+    PostgresSink(JOB, settings)(at(1001), sc.parallelize([("b", 2)]))
+    assert query(postgres, f"SELECT key FROM {table} ORDER BY key") == [("a",), ("b",)]
+    no_create = query(
+        postgres, "SELECT has_schema_privilege(%s, 'public', 'CREATE')", f"{table}_writer"
+    )
+    assert no_create == [(False,)]
+
+
 def test_a_table_with_wrong_columns_is_rejected_naming_the_column(sc, postgres, table):
     execute(postgres, f"CREATE TABLE {table} (key text, count bigint, batch_time timestamptz)")
     with pytest.raises(TableMismatchError, match=r"has no column 'value'"):

@@ -269,22 +269,25 @@ class PostgresSink:
         return cursor.rowcount == 1
 
     def create_bookkeeping(self, conn: psycopg.Connection) -> None:
-        """The commit and dead-letter tables, beside the target table."""
+        """The commit and dead-letter tables, beside the target table, when missing (so that
+        once they exist the role needs no CREATE privilege on the schema)."""
         batch = "job text NOT NULL, target text NOT NULL, output integer NOT NULL,"
         batch += " batch_time timestamptz NOT NULL"
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (" + batch + ","
-                " rows bigint NOT NULL DEFAULT 0, rejected bigint NOT NULL DEFAULT 0,"
-                " committed_at timestamptz NOT NULL DEFAULT now(),"
-                " PRIMARY KEY (job, target, output, batch_time))"
-            ).format(self.own_table(COMMIT_TABLE))
-        )
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (" + batch + ", record jsonb, reason text NOT NULL)"
-            ).format(self.own_table(REJECTED_TABLE))
-        )
+        columns = {
+            COMMIT_TABLE: batch + ", rows bigint NOT NULL DEFAULT 0,"
+            " rejected bigint NOT NULL DEFAULT 0, committed_at timestamptz NOT NULL DEFAULT now(),"
+            " PRIMARY KEY (job, target, output, batch_time)",
+            REJECTED_TABLE: batch + ", record jsonb, reason text NOT NULL",
+        }
+        for name, definition in columns.items():
+            if not self.exists(conn, self.own_name(name)):
+                conn.execute(
+                    sql.SQL("CREATE TABLE {} (" + definition + ")").format(self.own_table(name))
+                )
+
+    @staticmethod
+    def exists(conn: psycopg.Connection, name: str) -> bool:
+        return conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is not None
 
     def record_rejected(
         self, conn: psycopg.Connection, batch_time: datetime, rejected: list[Rejected]
@@ -438,10 +441,12 @@ class PostgresSink:
     def table(self) -> sql.Identifier:
         return sql.Identifier(*self.settings.table.split("."))
 
-    def own_table(self, name: str) -> sql.Identifier:
+    def own_name(self, name: str) -> str:
         """One of the sink's bookkeeping tables, in the target table's schema."""
-        schema = self.settings.table.split(".")[:-1]
-        return sql.Identifier(*schema, name)
+        return ".".join([*self.settings.table.split(".")[:-1], name])
+
+    def own_table(self, name: str) -> sql.Identifier:
+        return sql.Identifier(*self.own_name(name).split("."))
 
 
 def as_json(record: Any) -> Jsonb:
