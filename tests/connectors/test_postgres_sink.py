@@ -138,6 +138,23 @@ def test_dict_records_are_written_as_their_fields(sc, postgres, table):
     assert rows == [("u1", 4, [], utc(1001))]
 
 
+def test_once_the_tables_exist_a_role_without_create_privilege_writes(sc, postgres, table):
+    sink(postgres, table)(at(1000), sc.parallelize([("a", 1)]))
+    execute(postgres, f"CREATE ROLE {table}_writer LOGIN")
+    execute(
+        postgres,
+        f"GRANT SELECT, INSERT, UPDATE ON {table}, dstream_commits, dstream_rejected"
+        f" TO {table}_writer",
+    )
+    settings = PostgresSettings(dsn=postgres.dsn(f"{table}_writer"), table=table)
+    PostgresSink(JOB, settings)(at(1001), sc.parallelize([("b", 2)]))
+    assert query(postgres, f"SELECT key FROM {table} ORDER BY key") == [("a",), ("b",)]
+    no_create = query(
+        postgres, "SELECT has_schema_privilege(%s, 'public', 'CREATE')", f"{table}_writer"
+    )
+    assert no_create == [(False,)]
+
+
 def test_a_table_with_wrong_columns_is_rejected_naming_the_column(sc, postgres, table):
     execute(postgres, f"CREATE TABLE {table} (key text, count bigint, batch_time timestamptz)")
     with pytest.raises(TableMismatchError, match=r"has no column 'value'"):
@@ -180,16 +197,17 @@ def test_a_record_missing_a_column_is_set_aside_and_the_rest_commits(sc, postgre
 def test_a_value_postgres_refuses_is_set_aside_and_the_rest_commits(sc, postgres, table):
     output = sink(postgres, table)
     output(at(1000), sc.parallelize([("a", 1)]))  # creates value as bigint
-    output(at(1001), sc.parallelize([("b", 2), ("c", "many"), ("d", 4)]))
+    output(at(1001), sc.parallelize([("b", 2), ("c", "many"), (("x", "y"), 5), ("d", 4)]))
     assert query(postgres, f"SELECT key, value FROM {table} ORDER BY key") == [
         ("a", 1),
         ("b", 2),
         ("d", 4),
     ]
-    ((record, reason),) = rejected(postgres, table)
-    assert record == ["c", "many"]
-    assert "InvalidTextRepresentation" in reason and "bigint" in reason
-    assert commits(postgres, table)[-1] == (0, utc(1001), 2, 1)
+    (refused, structured) = rejected(postgres, table)  # by reason
+    assert structured == ([["x", "y"], 5], "a tuple cannot go into column 'key' (text)")
+    assert refused[0] == ["c", "many"]
+    assert "InvalidTextRepresentation" in refused[1] and "bigint" in refused[1]
+    assert commits(postgres, table)[-1] == (0, utc(1001), 2, 2)
 
 
 def test_a_batch_fails_whole_when_the_server_is_down_and_commits_on_rerun(sc, postgres, table):

@@ -28,12 +28,14 @@ transaction, so it is recorded exactly once too; the rest of the batch commits.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -67,6 +69,10 @@ _SQL_TYPES: list[tuple[type, str]] = [
     (list, "jsonb"),
     (tuple, "jsonb"),
 ]
+JSON_TYPES = ("jsonb", "json")
+# What psycopg stores in a column of any other type (PostgreSQL then checks the value).
+_SCALARS = (type(None), bool, int, float, str, datetime, date, Decimal, bytes)
+_dumps = functools.partial(json.dumps, default=str)
 
 
 class TableMismatchError(ValueError):
@@ -119,6 +125,14 @@ def misfit(row: dict[str, Any], data_columns: list[str]) -> str | None:
     unknown = [c for c in row if c not in data_columns]
     if unknown:
         return f"no column {unknown[0]!r} in the table"
+    return None
+
+
+def unstorable(row: dict[str, Any], types: dict[str, str]) -> str | None:
+    """Why a fitting row still cannot be stored (a structure into a non-JSON column), or None."""
+    for name, value in row.items():
+        if types[name] not in JSON_TYPES and not isinstance(value, _SCALARS):
+            return f"a {type(value).__name__} cannot go into column {name!r} ({types[name]})"
     return None
 
 
@@ -225,7 +239,7 @@ class PostgresSink:
             data_columns = [c for c in columns if c != BATCH_TIME]
             rejected, fitting = [], []
             for record, row in zip(records, rows, strict=True):
-                reason = misfit(row, data_columns)
+                reason = misfit(row, data_columns) or unstorable(row, columns)
                 if reason:
                     rejected.append(Rejected(record, reason))
                 else:
@@ -255,22 +269,25 @@ class PostgresSink:
         return cursor.rowcount == 1
 
     def create_bookkeeping(self, conn: psycopg.Connection) -> None:
-        """The commit and dead-letter tables, beside the target table."""
+        """The commit and dead-letter tables, beside the target table, when missing (so that
+        once they exist the role needs no CREATE privilege on the schema)."""
         batch = "job text NOT NULL, target text NOT NULL, output integer NOT NULL,"
         batch += " batch_time timestamptz NOT NULL"
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (" + batch + ","
-                " rows bigint NOT NULL DEFAULT 0, rejected bigint NOT NULL DEFAULT 0,"
-                " committed_at timestamptz NOT NULL DEFAULT now(),"
-                " PRIMARY KEY (job, target, output, batch_time))"
-            ).format(self.own_table(COMMIT_TABLE))
-        )
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (" + batch + ", record jsonb, reason text NOT NULL)"
-            ).format(self.own_table(REJECTED_TABLE))
-        )
+        columns = {
+            COMMIT_TABLE: batch + ", rows bigint NOT NULL DEFAULT 0,"
+            " rejected bigint NOT NULL DEFAULT 0, committed_at timestamptz NOT NULL DEFAULT now(),"
+            " PRIMARY KEY (job, target, output, batch_time)",
+            REJECTED_TABLE: batch + ", record jsonb, reason text NOT NULL",
+        }
+        for name, definition in columns.items():
+            if not self.exists(conn, self.own_name(name)):
+                conn.execute(
+                    sql.SQL("CREATE TABLE {} (" + definition + ")").format(self.own_table(name))
+                )
+
+    @staticmethod
+    def exists(conn: psycopg.Connection, name: str) -> bool:
+        return conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is not None
 
     def record_rejected(
         self, conn: psycopg.Connection, batch_time: datetime, rejected: list[Rejected]
@@ -391,7 +408,7 @@ class PostgresSink:
     ) -> list[Any]:
         """The row's values in column order; structured values as JSON where the column is."""
         return [
-            Jsonb(row[c]) if types[c] in ("jsonb", "json") else row[c] for c in data_columns
+            Jsonb(row[c], _dumps) if types[c] in JSON_TYPES else row[c] for c in data_columns
         ] + [batch_time]
 
     @staticmethod
@@ -424,15 +441,17 @@ class PostgresSink:
     def table(self) -> sql.Identifier:
         return sql.Identifier(*self.settings.table.split("."))
 
-    def own_table(self, name: str) -> sql.Identifier:
+    def own_name(self, name: str) -> str:
         """One of the sink's bookkeeping tables, in the target table's schema."""
-        schema = self.settings.table.split(".")[:-1]
-        return sql.Identifier(*schema, name)
+        return ".".join([*self.settings.table.split(".")[:-1], name])
+
+    def own_table(self, name: str) -> sql.Identifier:
+        return sql.Identifier(*self.own_name(name).split("."))
 
 
 def as_json(record: Any) -> Jsonb:
     """A record as JSON, whatever it holds (what is not JSON becomes its string)."""
-    return Jsonb(json.loads(json.dumps(record, default=str)))
+    return Jsonb(record, _dumps)
 
 
 def postgres_sink(job: StreamingJob, output: int) -> PostgresSink:
