@@ -17,7 +17,9 @@ import yaml
 from dstream import StreamingContext
 from dstream.clock import ManualClock
 from dstream.connectors.redis import RedisInputDStream, retries_within
+from dstream.metrics import StreamingMetrics
 from dstream.sources import SourceError
+from streams import run_batches
 
 
 @pytest.fixture
@@ -195,3 +197,30 @@ def test_dstream_run_exits_naming_a_missing_stream(tmp_path, redis_server):
     )
     assert done.returncode == 4, done.stderr[-2000:]
     assert f"error: redis source: stream 'nope' does not exist at {redis_server.url}" in done.stderr
+
+
+def test_a_streaming_context_reads_every_entry_once_and_reports_lag_per_stream(
+    ssc, client, redis_server
+):
+    first = new_stream(client, ["a b"] * 30)
+    second = new_stream(client, ["b"] * 10)
+    source = source_for(ssc, redis_server.url, first, second, field="line")
+    counts: list[int] = []
+    source.flatMap(str.split).count().foreachRDD(lambda rdd: counts.extend(rdd.collect()))
+    metrics = StreamingMetrics("lagjob", ssc, state_keys_interval_s=3600)
+    run_batches(ssc, 2)
+    assert counts == [70]  # 30 x "a b" + 10 x "b", the second batch empty
+    for _ in range(5):
+        client.xadd(first, {"line": "late"})
+
+    def lag(stream: str) -> float | None:
+        labels = {"job": "lagjob", "source": "redis", "partition": stream}
+        return metrics.registry.get_sample_value("dstream_partition_backlog_records", labels)
+
+    assert (lag(first), lag(second)) == (5, 0)
+    assert (
+        metrics.registry.get_sample_value(
+            "dstream_backlog_records", {"job": "lagjob", "source": "redis"}
+        )
+        == 5
+    )
