@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import argparse
 import operator
+import os
 import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
 import redis
-from dstream import StreamingContext, tasks, textgen
+from dstream import StreamingContext, pydaemon, tasks, textgen
 from dstream.clock import ManualClock
 from dstream.connectors.rate import RateInputDStream
 from dstream.connectors.redis import RedisInputDStream
@@ -86,11 +88,14 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     args = parser.parse_args()
     records = args.records - args.records % PARTITIONS
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf = (
         SparkConf()
+        .setAll(list(pydaemon.SPARK_CONF.items()))
         .setMaster("local[2]")
         .setAppName("bench-redis-source")
         .set("spark.ui.enabled", "false")
+        .set("spark.ui.showConsoleProgress", "false")
         .set("spark.default.parallelism", str(PARTITIONS))
     )
     sc = SparkContext.getOrCreate(conf)
