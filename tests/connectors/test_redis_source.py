@@ -19,6 +19,7 @@ from dstream.clock import ManualClock
 from dstream.connectors.redis import RedisInputDStream, retries_within
 from dstream.metrics import StreamingMetrics
 from dstream.sources import SourceError
+from dstream.spec import password_env
 from streams import run_batches
 
 
@@ -224,3 +225,17 @@ def test_a_streaming_context_reads_every_entry_once_and_reports_lag_per_stream(
         )
         == 5
     )
+
+
+def test_the_password_comes_from_the_environment(ssc, client, redis_server, monkeypatch):
+    key = new_stream(client, ["x"])
+    client.config_set("requirepass", "s3cret")
+    try:
+        with pytest.raises(SourceError, match="refused the login.*DSTREAM_REDIS_PASSWORD"):
+            source_for(ssc, redis_server.url, key)
+        monkeypatch.setenv(password_env("redis"), "s3cret")
+        source = source_for(ssc, redis_server.url, key, field="line")
+        assert source.records_in(source.plan(1000, None)) == 1
+    finally:
+        authed = redis.Redis.from_url(redis_server.url, password="s3cret")
+        authed.config_set("requirepass", "")

@@ -162,6 +162,11 @@ class RedisInputDStream(InputDStream):
                     )
                 if kind != "stream":
                     raise SourceError(f"redis source: key {key!r} at {self.url} is a {kind}")
+        except (redis.AuthenticationError, redis.AuthenticationWrongNumberOfArgsError) as error:
+            raise SourceError(
+                f"redis source: {self.url} refused the login ({error}); the password comes from "
+                f"{password_env('redis')} (source.redis.passwordSecret)"
+            ) from None
         except redis.RedisError as error:
             raise SourceError(f"redis source: cannot reach {self.url}: {error}") from None
 
