@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_SECONDS ?= 30
 
-.PHONY: setup debian-packages demo test test-fast lint crd e2e bench bench-quick clean
+.PHONY: setup debian-packages demo test test-fast exactly-once lint crd e2e bench bench-quick clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,12 @@ test: setup debian-packages
 
 test-fast: setup
 	$(BIN)/python -m pytest -ra -m "not k8s and not slow"
+
+# The connectors' exactly-once run at the issue's full size: 200,000 records into Redis and into
+# JetStream, the driver SIGKILLed three times, the broker restarted (make test runs a small one).
+exactly-once: setup debian-packages
+	DSTREAM_E2E_RECORDS=200000 DSTREAM_E2E_RATE=2000 DSTREAM_E2E_KILLS=3 \
+		$(BIN)/python -m pytest -ra tests/connectors/test_exactly_once.py
 
 # Chaos end-to-end on the offline cluster with a real node (e2e/README.md; kind: bash e2e/kind.sh).
 e2e: setup

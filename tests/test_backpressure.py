@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import pytest
 from dstream import StreamingContext, textgen
 from dstream.clock import ManualClock
+from dstream.connectors.rate import RateInputDStream
 from dstream.dstream import DStream
 from dstream.rate import PIDRateEstimator, RateController
 from dstream.scheduler import BatchInfo
-from dstream.sources import RateInputDStream
 from streams import BATCH_TIMEOUT_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -7,9 +7,11 @@ import math
 
 import pytest
 from dstream.clock import ManualClock
+from dstream.connectors.files import FileInputDStream
+from dstream.connectors.rate import RateInputDStream
 from dstream.context import StreamingContext
 from dstream.rate import PIDRateEstimator, RateController
-from dstream.sources import FileInputDStream, RateInputDStream, split_budget
+from dstream.sources import split_budget
 
 BATCH_MS = 1000
 

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dstream.spec import SpecError, duration_ms, load_job, parse_job
+from dstream.spec import (
+    SecretKeyRef,
+    SpecError,
+    duration_ms,
+    load_job,
+    parse_job,
+    password_env,
+    secret_env,
+)
 
 WORDCOUNT = yaml.safe_load(
     (Path(__file__).parent.parent / "examples" / "wordcount.yaml").read_text()
@@ -72,7 +80,11 @@ def test_defaults_fill_an_minimal_job():
             0,
             "spec.source.rate.recordsPerSecond: Input should be greater",
         ),
-        ("spec.source.type", "kafka", "spec.source.type: Input should be 'rate' or 'files'"),
+        (
+            "spec.source.type",
+            "kafka",
+            "spec.source.type: Input should be 'rate', 'files', 'redis' or 'nats'",
+        ),
         (
             "spec.source.rate",
             None,
@@ -121,3 +133,112 @@ def test_load_job_reports_yaml_errors_and_missing_kind(tmp_path):
     two.write_text("kind: A\n---\nkind: B\n")
     with pytest.raises(SpecError, match="no document of kind StreamingJob"):
         load_job(two)
+
+
+def postgres_sink(**fields) -> dict:
+    return with_change(
+        "spec.sink", {"type": "postgres", "postgres": {"dsn": "host=db user=app", **fields}}
+    )
+
+
+def test_a_postgres_sink_with_a_secret_maps_to_one_environment_variable():
+    job = parse_job(
+        postgres_sink(
+            table="analytics.counts",
+            mode="upsert",
+            passwordSecret={"name": "pg-credentials", "key": "password"},
+        )
+    )
+    postgres = job.spec.sink.postgres
+    assert (postgres.table, postgres.mode, postgres.key_columns) == (
+        "analytics.counts",
+        "upsert",
+        ["key"],
+    )
+    assert password_env("postgres") == "DSTREAM_POSTGRES_PASSWORD"
+    assert secret_env(job.spec) == {
+        "DSTREAM_POSTGRES_PASSWORD": SecretKeyRef(name="pg-credentials", key="password")
+    }
+    assert secret_env(parse_job(WORDCOUNT).spec) == {}
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://app:hunter2@db:5432/counts",
+        "postgres://db/counts?user=app&password=hunter2",
+        "host=db user=app password=hunter2",
+        "host=db PASSWORD = hunter2",
+    ],
+)
+def test_a_password_in_the_dsn_is_rejected(dsn):
+    with pytest.raises(SpecError, match=r"spec\.sink\.postgres\.dsn: .*passwordSecret"):
+        parse_job(postgres_sink(dsn=dsn, table="counts"))
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"table": "Counts"}, "spec.sink.postgres.table"),
+        ({"table": "counts; drop table x"}, "spec.sink.postgres.table"),
+        ({"table": "counts", "mode": "merge"}, "spec.sink.postgres.mode"),
+        ({"table": "counts", "keyColumns": []}, "spec.sink.postgres.keyColumns"),
+        (
+            {"table": "counts", "passwordSecret": {"name": "Pg", "key": "p"}},
+            "spec.sink.postgres.passwordSecret.name",
+        ),
+        (
+            {"table": "counts", "passwordSecret": {"name": "pg"}},
+            "spec.sink.postgres.passwordSecret.key",
+        ),
+    ],
+)
+def test_bad_postgres_settings_name_the_field(fields, field):
+    with pytest.raises(SpecError) as error:
+        parse_job(postgres_sink(**fields))
+    assert any(problem.startswith(field) for problem in error.value.problems), error.value
+
+
+def broker_source(kind: str, **fields) -> dict:
+    return with_change("spec.source", {"type": kind, kind: fields})
+
+
+def test_redis_and_nats_sources_with_their_defaults_and_secrets():
+    redis = parse_job(
+        broker_source(
+            "redis",
+            url="redis://127.0.0.1:6379/0",
+            streams=["events"],
+            passwordSecret={"name": "redis-auth", "key": "password"},
+        )
+    ).spec
+    assert (redis.source.redis.field, redis.source.redis.start_from) == (None, "earliest")
+    assert secret_env(redis) == {
+        "DSTREAM_REDIS_PASSWORD": SecretKeyRef(name="redis-auth", key="password")
+    }
+    nats = parse_job(broker_source("nats", url="nats://127.0.0.1:4222", stream="EVENTS")).spec
+    assert (nats.source.nats.subjects, nats.source.nats.start_from) == ([], "earliest")
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields", "field"),
+    [
+        ("redis", {"url": "http://h", "streams": ["a"]}, "spec.source.redis.url"),
+        ("redis", {"url": "redis://u:pw@h/0", "streams": ["a"]}, "spec.source.redis.url"),
+        ("redis", {"url": "redis://h/0", "streams": []}, "spec.source.redis.streams"),
+        ("redis", {"url": "redis://h/0", "streams": ["a", "a"]}, "spec.source.redis.streams"),
+        ("redis", {"url": "redis://h/0", "streams": ["a"], "field": ""}, "spec.source.redis.field"),
+        (
+            "redis",
+            {"url": "redis://h/0", "streams": ["a"], "startFrom": "now"},
+            "spec.source.redis.startFrom",
+        ),
+        ("nats", {"url": "nats://h:4222", "stream": "A.B"}, "spec.source.nats.stream"),
+        ("nats", {"url": "nats://u:pw@h:4222", "stream": "A"}, "spec.source.nats.url"),
+        ("nats", {"url": "nats://h:4222"}, "spec.source.nats.stream"),
+    ],
+)
+def test_bad_broker_settings_name_the_field(kind, fields, field):
+    with pytest.raises(SpecError) as error:
+        parse_job(broker_source(kind, **fields))
+    assert any(problem.startswith(field) for problem in error.value.problems), error.value

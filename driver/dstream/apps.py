@@ -10,12 +10,14 @@ import functools
 import importlib
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dstream import tasks
-from dstream.context import StreamingContext
 from dstream.dstream import DStream
 from dstream.spec import App, GrepArgs, SessionsArgs, TopkArgs, WordcountArgs, duration_ms
+
+if TYPE_CHECKING:
+    from dstream.context import StreamingContext
 
 
 def _seconds(duration: str) -> float:

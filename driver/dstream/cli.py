@@ -18,6 +18,7 @@ from dstream.spec import Checkpoint, SpecError, StreamingJob, load_job
 
 EXIT_INVALID = 2
 EXIT_CHECKPOINT_MISMATCH = 3
+EXIT_SOURCE_ERROR = 4
 
 
 def _conf_pair(text: str) -> tuple[str, str]:
@@ -111,8 +112,13 @@ def run_job(args: argparse.Namespace) -> int:
     if args.checkpoint:
         job.spec.checkpoint = with_path(job.spec.checkpoint, args.checkpoint)
     from dstream.job import JobRuntime, ProgressPrinter
+    from dstream.sources import SourceError
 
-    runtime = JobRuntime(job, args.master, dict(args.conf), fresh=args.fresh)
+    try:
+        runtime = JobRuntime(job, args.master, dict(args.conf), fresh=args.fresh)
+    except SourceError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_SOURCE_ERROR
     if not args.quiet:
         runtime.ssc.addStreamingListener(ProgressPrinter())
     server = None
@@ -141,9 +147,18 @@ def run_job(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         runtime.sc.stop()
         return EXIT_CHECKPOINT_MISMATCH
-    runtime.run_until_stopped(args.duration)
-    if server is not None:
-        server.should_exit = True
+    except SourceError as error:
+        print(f"error: {error}", file=sys.stderr)
+        runtime.sc.stop()
+        return EXIT_SOURCE_ERROR
+    try:
+        runtime.run_until_stopped(args.duration)
+    except SourceError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_SOURCE_ERROR
+    finally:
+        if server is not None:
+            server.should_exit = True
     print(f"dstream: job {job.metadata.name} stopped", flush=True)
     return 0
 

@@ -18,11 +18,13 @@ from pyspark import RDD, SparkContext
 
 from dstream.checkpoint import CheckpointDir, move_checkpoint_aside
 from dstream.clock import ManualClock, SystemClock
+from dstream.connectors.files import FileInputDStream
+from dstream.connectors.rate import RateInputDStream
 from dstream.dstream import DStream, MultiTransformedDStream, UnionDStream
 from dstream.graph import DStreamGraph
 from dstream.rate import PIDRateEstimator, RateController
 from dstream.scheduler import BatchScheduler
-from dstream.sources import FileInputDStream, QueueInputDStream, RateInputDStream
+from dstream.sources import QueueInputDStream
 from dstream.timeutil import duration_to_ms
 
 log = logging.getLogger(__name__)

@@ -15,16 +15,17 @@ from typing import Any
 from pyspark import SparkConf, SparkContext
 
 from dstream import pools, pydaemon
-from dstream.apps import COUNTING, build_app
+from dstream.apps import build_app
 from dstream.checkpoint import move_checkpoint_aside
+from dstream.connectors import create_sink, create_source
 from dstream.context import StreamingContext
-from dstream.dstream import DStream
 from dstream.metrics import StreamingMetrics
 from dstream.scheduler import BatchInfo
-from dstream.sinks import ConsoleSink, FilesSink
-from dstream.spec import JobSpec, Source, StreamingJob, duration_ms
+from dstream.sources import SourceError
+from dstream.spec import StreamingJob, duration_ms
 
 log = logging.getLogger(__name__)
+SOURCE_ERROR = f"{SourceError.__module__}.{SourceError.__name__}:"
 
 
 def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> SparkConf:
@@ -56,26 +57,6 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
     return conf
 
 
-def create_source(ssc: StreamingContext, source: Source) -> DStream:
-    if source.type == "rate":
-        assert source.rate is not None
-        rate = source.rate
-        return ssc.rateStream(
-            rate.records_per_second, rate.partitions, rate.seed, rate.record_bytes
-        )
-    assert source.files is not None
-    return ssc.fileStream(source.files.path, source.files.format)
-
-
-def attach_sink(stream: DStream, spec: JobSpec) -> None:
-    if spec.sink.type == "files":
-        assert spec.sink.files is not None
-        stream.foreachRDD(FilesSink(spec.sink.files.path))
-    else:
-        num = spec.sink.console.num if spec.sink.console else 10
-        stream.foreachRDD(ConsoleSink(num, largest_first=spec.app.builtin in COUNTING))
-
-
 def build_context(job: StreamingJob, sc: SparkContext) -> StreamingContext:
     """The job's graph: source -> app -> sink, with its checkpoint attached."""
     spec = job.spec
@@ -89,8 +70,8 @@ def build_context(job: StreamingJob, sc: SparkContext) -> StreamingContext:
         for stream in ssc._graph.streams:
             if stream._must_checkpoint:
                 stream.checkpoint(interval_s)
-    for output in outputs:
-        attach_sink(output, spec)
+    for index, output in enumerate(outputs):
+        output.foreachRDD(create_sink(job, index))
     return ssc
 
 
@@ -102,6 +83,19 @@ def ignore_sigterm_in_jvm(sc: SparkContext) -> None:
     its stdin until EOF), and SIGKILL still reaches it."""
     signal = sc._jvm.sun.misc.Signal
     signal.handle(signal("TERM"), sc._jvm.sun.misc.SignalHandler.SIG_IGN)
+
+
+def is_source_error(error: BaseException) -> bool:
+    """A SourceError, raised on the driver or in a task (where Spark hands it back as text)."""
+    return isinstance(error, SourceError) or SOURCE_ERROR in str(error)
+
+
+def source_error_text(error: BaseException) -> str:
+    """The SourceError's own message, without Spark's stack traces around it."""
+    text = str(error)
+    if isinstance(error, SourceError) or SOURCE_ERROR not in text:
+        return text
+    return text.split(SOURCE_ERROR, 1)[1].splitlines()[0].strip()
 
 
 class ProgressPrinter:
@@ -156,7 +150,9 @@ class JobRuntime:
         self.ssc.start()
 
     def run_until_stopped(self, duration_s: float | None = None) -> None:
-        """Block until a stop is requested or `duration_s` passes; batch errors are logged."""
+        """Block until a stop is requested or `duration_s` passes; batch errors are logged, but
+        a SourceError (input unreachable or lost) stops the job and is raised: going on would
+        quietly change its output."""
         deadline = None if duration_s is None else time.monotonic() + duration_s
         while not self.stop_requested:
             if deadline is not None and time.monotonic() >= deadline:
@@ -165,6 +161,9 @@ class JobRuntime:
                 if self.ssc.awaitTerminationOrTimeout(0.5):
                     break
             except Exception as error:
+                if is_source_error(error):
+                    self.stop()
+                    raise SourceError(source_error_text(error)) from error
                 log.error("batch failed: %s", error)
         self.stop()
 

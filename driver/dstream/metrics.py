@@ -276,6 +276,12 @@ class LiveCollector(Collector):
             "Records available at the source but not admitted into any batch yet (source lag).",
             labels=per_source,
         )
+        partition_backlog = GaugeMetricFamily(
+            "dstream_partition_backlog_records",
+            "Backlog of each partition of a source that has several (a Redis stream), i.e. the "
+            "lag per partition.",
+            labels=[*per_source, "partition"],
+        )
         pending = GaugeMetricFamily(
             "dstream_pending_batches",
             "Batch times due (or recovered from the checkpoint) and not yet started.",
@@ -307,12 +313,14 @@ class LiveCollector(Collector):
                 waiting = source.backlog(now_ms)
                 if waiting is not None:
                     backlog.add_metric([job, source.name], waiting)
+                for partition, lag in source.backlog_by_partition().items():
+                    partition_backlog.add_metric([job, source.name, partition], lag)
             pending.add_metric([job], scheduler.pending_batches())
             for kind, count in recovery_counts(scheduler).items():
                 recoveries.add_metric([job, kind], count)
         for stream, keys in sorted(self._state_keys.counts.items()):
             state.add_metric([job, stream], keys)
-        yield from (rate, *pid.values(), backlog, pending, recoveries, state)
+        yield from (rate, *pid.values(), backlog, partition_backlog, pending, recoveries, state)
 
 
 def recovery_counts(scheduler: BatchScheduler) -> dict[str, int]:

@@ -1,20 +1,19 @@
-"""Sinks, all idempotent per batch time, so a re-run batch replaces its output and never appends.
+"""Atomic per-batch output directories, shared by `saveAsTextFiles` and the files sink.
 
 A batch's directory is written under a hidden temporary name and renamed into place; a reader
-therefore sees a batch's output whole or not at all. User sinks in `foreachRDD` get the same
-guarantee only if they follow the same contract: write keyed by the batch time, replacing.
+therefore sees a batch's output whole or not at all, and a re-run batch replaces its output and
+never appends. User sinks in `foreachRDD` get the same guarantee only if they follow the same
+contract: write keyed by the batch time, replacing. The sinks themselves are in `dstream.connectors`.
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shutil
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from pyspark import RDD
 
@@ -58,46 +57,3 @@ def remove_earlier_attempts(final: Path) -> None:
     for prefix in (".tmp-", ".old-"):
         for stale in final.parent.glob(f"{prefix}{glob.escape(final.name)}-*"):
             shutil.rmtree(stale, ignore_errors=True)
-
-
-def to_json_line(record: Any) -> str:
-    """One JSON document per record: pairs become {"key", "value"}, the rest as they are."""
-    if isinstance(record, tuple) and len(record) == 2:
-        record = {"key": record[0], "value": record[1]}
-    return json.dumps(record, default=str, ensure_ascii=False)
-
-
-class FilesSink:
-    """`<path>/batch-<epoch-ms>/part-*` of JSON lines, with a `_SUCCESS` marker."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def batch_dir(self, time: datetime) -> str:
-        return str(Path(self.path) / f"batch-{time_to_ms(time)}")
-
-    def __call__(self, time: datetime, rdd: RDD) -> None:
-        save_text_atomically(rdd.map(to_json_line), self.batch_dir(time))
-
-
-class ConsoleSink:
-    """Prints each batch's first (or, for counts, largest) records as they arrive."""
-
-    def __init__(self, num: int = 10, largest_first: bool = False):
-        self.num = num
-        self.largest_first = largest_first
-
-    def __call__(self, time: datetime, rdd: RDD) -> None:
-        if self.largest_first:
-            shown = rdd.takeOrdered(self.num + 1, key=lambda kv: (-kv[1], str(kv[0])))
-        else:
-            shown = rdd.take(self.num + 1)
-        items = ", ".join(_show(record) for record in shown[: self.num])
-        more = " ..." if len(shown) > self.num else ""
-        print(f"  {time:%H:%M:%S.%f}"[:-3] + f"  {items}{more}", flush=True)
-
-
-def _show(record: Any) -> str:
-    if isinstance(record, tuple) and len(record) == 2:
-        return f"{record[0]}={record[1]}"
-    return str(record)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qs, urlsplit
 
 import yaml
 from pydantic import (
@@ -30,6 +31,12 @@ DURATION_PATTERN = r"^[1-9][0-9]*(ms|s|m|h)$"
 MEMORY_PATTERN = r"^[1-9][0-9]*[kmgt]$"
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+# DNS subdomain (a Secret's name) and a Secret's data key, as Kubernetes validates them.
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+# Unquoted SQL identifiers only: what the user writes is what psql shows, no case surprises.
+SQL_NAME_PATTERN = r"^[a-z_][a-z0-9_]{0,62}$"
+SQL_TABLE_PATTERN = r"^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$"
 
 Duration = Annotated[str, Field(pattern=DURATION_PATTERN, description="e.g. 500ms, 1s, 30s, 5m")]
 Memory = Annotated[str, Field(pattern=MEMORY_PATTERN, description="Spark notation, e.g. 512m, 1g")]
@@ -133,14 +140,97 @@ class FilesSource(SpecModel):
     format: Literal["text", "json"] = "text"
 
 
+class SecretKeyRef(SpecModel):
+    """A password kept in a Kubernetes Secret of the job's namespace, never in the spec.
+
+    On Kubernetes the operator puts it into the driver's and executors' environment as
+    `password_env(<connector type>)`; `dstream run` reads that same variable.
+    """
+
+    name: str = Field(pattern=SECRET_NAME_PATTERN, max_length=253)
+    key: str = Field(pattern=SECRET_KEY_PATTERN, max_length=253)
+
+
+def password_env(connector: str) -> str:
+    """The environment variable that carries a connector's password: DSTREAM_<TYPE>_PASSWORD.
+    A job has one source and one sink, so the connector type names it without ambiguity."""
+    return f"DSTREAM_{connector.upper()}_PASSWORD"
+
+
+def secret_env(spec: JobSpec) -> dict[str, SecretKeyRef]:
+    """Environment variable -> Secret key, for every connector block of the job with a
+    `passwordSecret` (the operator's view of the spec's credentials)."""
+    found: dict[str, SecretKeyRef] = {}
+    for selector in (spec.source, spec.sink):
+        block = getattr(selector, selector.type, None)
+        secret = getattr(block, "password_secret", None)
+        if secret is not None:
+            found[password_env(selector.type)] = secret
+    return found
+
+
+def _url_without_password(url: str) -> str:
+    if urlsplit(url).password is not None:
+        raise ValueError("holds a password; put it in a Secret and name it in passwordSecret")
+    return url
+
+
+REDIS_URL_PATTERN = r"^(redis|rediss|unix)://"
+NATS_URL_PATTERN = r"^(nats|tls|ws|wss)://"
+StartFrom = Literal["earliest", "latest"]
+
+
+class RedisSource(SpecModel):
+    """Redis Streams (Redis 7 or later): each batch is a recorded entry-ID range per stream."""
+
+    url: str = Field(pattern=REDIS_URL_PATTERN, description="e.g. redis://127.0.0.1:6379/0")
+    streams: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    field: str | None = Field(
+        None, min_length=1, description="Entry field holding the record; unset: all fields."
+    )
+    start_from: StartFrom = "earliest"
+    password_secret: SecretKeyRef | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _no_password(cls, url: str) -> str:
+        return _url_without_password(url)
+
+    @field_validator("streams")
+    @classmethod
+    def _distinct(cls, streams: list[str]) -> list[str]:
+        if len(set(streams)) != len(streams):
+            raise ValueError("a stream is listed twice")
+        return streams
+
+
+class NatsSource(SpecModel):
+    """NATS JetStream: each batch is a recorded range of stream sequence numbers."""
+
+    url: str = Field(pattern=NATS_URL_PATTERN, description="e.g. nats://127.0.0.1:4222")
+    stream: str = Field(min_length=1, pattern=r"^[^.*>\s]+$")
+    subjects: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="Read only messages on these subjects (wildcards ok)."
+    )
+    start_from: StartFrom = "earliest"
+    password_secret: SecretKeyRef | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _no_password(cls, url: str) -> str:
+        return _url_without_password(url)
+
+
 class Source(SpecModel):
-    type: Literal["rate", "files"]
+    type: Literal["rate", "files", "redis", "nats"]
     rate: RateSource | None = None
     files: FilesSource | None = None
+    redis: RedisSource | None = None
+    nats: NatsSource | None = None
 
     @model_validator(mode="after")
     def _block_for_type(self) -> Source:
-        _require_block(self, self.type, ("rate", "files"))
+        _require_block(self, self.type, ("rate", "files", "redis", "nats"))
         return self
 
 
@@ -152,14 +242,48 @@ class ConsoleSink(SpecModel):
     num: int = Field(10, ge=1)
 
 
+class PostgresSink(SpecModel):
+    """Each batch's records and its commit row in one PostgreSQL transaction (exactly-once)."""
+
+    dsn: str = Field(
+        min_length=1,
+        description="libpq connection string or URI, without a password (use passwordSecret)",
+    )
+    table: str = Field(pattern=SQL_TABLE_PATTERN, description="table or schema.table")
+    mode: Literal["append", "upsert"] = "append"
+    key_columns: list[Annotated[str, Field(pattern=SQL_NAME_PATTERN)]] = Field(
+        default_factory=lambda: ["key"],
+        min_length=1,
+        description="upsert: the columns that identify a row",
+    )
+    password_secret: SecretKeyRef | None = None
+
+    @field_validator("dsn")
+    @classmethod
+    def _no_password(cls, dsn: str) -> str:
+        if _dsn_has_password(dsn):
+            raise ValueError("holds a password; put it in a Secret and name it in passwordSecret")
+        return dsn
+
+
+def _dsn_has_password(dsn: str) -> bool:
+    """A password in either libpq form: `postgresql://user:pw@host?password=pw` or `password=pw`."""
+    if re.match(r"^postgres(ql)?://", dsn):
+        url = urlsplit(dsn)
+        userinfo = url.netloc.rpartition("@")[0]
+        return ":" in userinfo or "password" in {name.lower() for name in parse_qs(url.query)}
+    return re.search(r"(^|\s)password\s*=", dsn, re.IGNORECASE) is not None
+
+
 class Sink(SpecModel):
-    type: Literal["files", "console"]
+    type: Literal["files", "console", "postgres"]
     files: FilesSink | None = None
     console: ConsoleSink | None = None
+    postgres: PostgresSink | None = None
 
     @model_validator(mode="after")
     def _block_for_type(self) -> Sink:
-        _require_block(self, self.type, ("files",))
+        _require_block(self, self.type, ("files", "postgres"))
         return self
 
 

@@ -9,13 +9,13 @@ Create a queue of RDDs that will be mapped/reduced one at a time in
 To run this example use
     `$ bin/spark-submit examples/src/main/python/streaming/queue_stream.py
 """
+
 import time
 
 from pyspark import SparkContext
 from dstream import StreamingContext  # was: from pyspark.streaming import StreamingContext
 
 if __name__ == "__main__":
-
     sc = SparkContext(appName="PythonStreamingQueueStream")
     ssc = StreamingContext(sc, 1)
 

@@ -4,10 +4,11 @@
 # be replayed after a failure), the lines come from a directory (textFileStream) instead.
 #
 """
- Counts words in UTF8 encoded, '\n' delimited text in new files of a directory, with a running
- total per word kept by updateStateByKey.
- Usage: stateful_wordcount.py <directory>
+Counts words in UTF8 encoded, '\n' delimited text in new files of a directory, with a running
+total per word kept by updateStateByKey.
+Usage: stateful_wordcount.py <directory>
 """
+
 import sys
 
 from pyspark import SparkContext
@@ -22,15 +23,17 @@ if __name__ == "__main__":
     ssc.checkpoint("checkpoint")
 
     # RDD with initial state (key, value) pairs
-    initialStateRDD = sc.parallelize([(u'hello', 1), (u'world', 1)])
+    initialStateRDD = sc.parallelize([("hello", 1), ("world", 1)])
 
     def updateFunc(new_values, last_sum):
         return sum(new_values) + (last_sum or 0)
 
     lines = ssc.textFileStream(sys.argv[1])
-    running_counts = lines.flatMap(lambda line: line.split(" "))\
-                          .map(lambda word: (word, 1))\
-                          .updateStateByKey(updateFunc, initialRDD=initialStateRDD)
+    running_counts = (
+        lines.flatMap(lambda line: line.split(" "))
+        .map(lambda word: (word, 1))
+        .updateStateByKey(updateFunc, initialRDD=initialStateRDD)
+    )
 
     running_counts.pprint()
 

@@ -16,7 +16,7 @@ from pathlib import PurePosixPath
 from typing import Any, Literal
 
 import yaml
-from dstream.spec import API_VERSION, KIND, StreamingJob, Volume
+from dstream.spec import API_VERSION, KIND, StreamingJob, Volume, secret_env
 
 from dstream_operator.status import SPEC_HASH_ANNOTATION
 
@@ -322,7 +322,26 @@ def spark_conf(job: StreamingJob, owner: Owner, driver_host: DriverHost) -> dict
     }
     for volume in spec.volumes:
         conf |= _executor_volume_conf(volume)
+    conf |= _executor_secret_conf(job)
     return conf | spec.spark_conf
+
+
+def _executor_secret_conf(job: StreamingJob) -> dict[str, str]:
+    """Connector passwords into the executors' environment: Spark's executor pod builder adds
+    `valueFrom.secretKeyRef` for each setting (in client mode too), so the Secret is read by
+    the kubelet; neither the driver nor the operator needs RBAC on Secrets."""
+    return {
+        f"spark.kubernetes.executor.secretKeyRef.{env}": f"{ref.name}:{ref.key}"
+        for env, ref in secret_env(job.spec).items()
+    }
+
+
+def _secret_env(job: StreamingJob) -> list[dict[str, Any]]:
+    """The driver's side of the same: its pod is ours to build (client mode)."""
+    return [
+        {"name": env, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        for env, ref in secret_env(job.spec).items()
+    ]
 
 
 def _executor_volume_conf(volume: Volume) -> dict[str, str]:
@@ -431,6 +450,7 @@ def driver_pod(
             _field_env("POD_NAME", "metadata.name"),
             _field_env("POD_NAMESPACE", "metadata.namespace"),
             {"name": "DSTREAM_API_TOKEN_FILE", "value": API_TOKEN_FILE},
+            *_secret_env(job),
         ],
         "ports": [
             {"name": "http-api", "containerPort": API_PORT},

@@ -15,7 +15,7 @@ from dstream.spec import load_job
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-@pytest.mark.parametrize("name", ["wordcount.yaml", "topk-files.yaml", "user-module.yaml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 def test_example_loads(name):
     job = load_job(EXAMPLES / name)
     assert job.kind == "StreamingJob"

@@ -264,3 +264,42 @@ def test_driver_command_passes_the_drivers_own_checks(tmp_path, monkeypatch):
     monkeypatch.setenv("DSTREAM_API_TOKEN_FILE", str(token))
     monkeypatch.delenv("DSTREAM_API_TOKEN", raising=False)
     refuse_open_to_network(args.host)
+
+
+def postgres_job():
+    sink = {
+        "type": "postgres",
+        "postgres": {
+            "dsn": "postgresql://app@db.jobs.svc:5432/analytics",
+            "table": "counts",
+            "passwordSecret": {"name": "pg-credentials", "key": "password"},
+        },
+    }
+    return job(sink=sink)
+
+
+def test_a_connector_password_reaches_driver_and_executors_from_the_secret():
+    pod = resources.driver_pod(postgres_job(), OWNER, "service")
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env["DSTREAM_POSTGRES_PASSWORD"] == {
+        "name": "DSTREAM_POSTGRES_PASSWORD",
+        "valueFrom": {"secretKeyRef": {"name": "pg-credentials", "key": "password"}},
+    }
+    conf = conf_of(pod)
+    executor_secret = "spark.kubernetes.executor.secretKeyRef.DSTREAM_POSTGRES_PASSWORD"
+    assert conf[executor_secret] == "pg-credentials:password"
+    stored = resources.job_manifest(postgres_job())["spec"]["sink"]["postgres"]
+    assert set(stored) == {"dsn", "table", "passwordSecret"}
+    kubernetes_validate.validate(pod, "1.30", strict=True)
+
+
+def test_a_job_without_secrets_gets_no_secret_env():
+    pod = resources.driver_pod(job(), OWNER, "service")
+    env = pod["spec"]["containers"][0]["env"]
+    assert not [e for e in env if "secretKeyRef" in e.get("valueFrom", {})]
+    assert not [k for k in conf_of(pod) if "secretKeyRef" in k]
+
+
+def test_the_driver_role_reads_no_secrets():
+    (rule,) = resources.role(OWNER)["rules"]
+    assert "secrets" not in rule["resources"]

@@ -1,0 +1,142 @@
+"""The NATS JetStream source against a real nats-server: sequence ranges read exactly, replays,
+removed messages detected, a restarting server ridden out, bad input named."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+
+import nats
+import pytest
+from dstream import StreamingContext
+from dstream.clock import ManualClock
+from dstream.connectors.nats import NatsInputDStream, subject_matches
+from dstream.sources import SourceError
+
+
+def publish(url: str, stream: str, messages: list[tuple[str, str]], create: bool = False) -> None:
+    async def go() -> None:
+        client = await nats.connect(url)
+        js = client.jetstream()
+        if create:
+            await js.add_stream(name=stream, subjects=[f"{stream}.>"])
+        for subject, data in messages:
+            await js.publish(subject, data.encode())
+        await client.close()
+
+    asyncio.run(go())
+
+
+def purge(url: str, stream: str, keep: int) -> None:
+    async def go() -> None:
+        client = await nats.connect(url)
+        await client.jetstream().purge_stream(stream, keep=keep)
+        await client.close()
+
+    asyncio.run(go())
+
+
+def new_stream(url: str, lines: list[str]) -> str:
+    name = f"EV{uuid.uuid4().hex[:8]}"
+    publish(url, name, [(f"{name}.lines", line) for line in lines], create=True)
+    return name
+
+
+@pytest.fixture
+def ssc(sc):
+    return StreamingContext(sc, 1, clock=ManualClock())
+
+
+def source_for(ssc, url: str, stream: str, **options) -> NatsInputDStream:
+    return NatsInputDStream(ssc, url, stream, retry_seconds=10, **options)
+
+
+def test_ranges_follow_the_budget_and_read_exactly(ssc, nats_server):
+    stream = new_stream(nats_server.url, [f"m{i}" for i in range(100)])
+    source = source_for(ssc, nats_server.url, stream)
+    assert source.backlog(0) == 100
+    planned = source.plan(1000, 60)
+    assert source.records_in(planned) == 60 and planned["next"] == 61
+    assert source.backlog(0) == 40
+    assert source.compute(1000).collect() == [f"m{i}" for i in range(60)]
+    source.plan(2000, None)
+    assert source.compute(2000).collect() == [f"m{i}" for i in range(60, 100)]
+    assert source.records_in(source.plan(3000, None)) == 0
+
+
+def test_a_restarted_driver_replays_the_same_messages(sc, nats_server):
+    stream = new_stream(nats_server.url, [f"m{i}" for i in range(20)])
+    first = source_for(StreamingContext(sc, 1, clock=ManualClock()), nats_server.url, stream)
+    planned = first.plan(1000, 8)
+    publish(nats_server.url, stream, [(f"{stream}.lines", "late")])
+    again = source_for(StreamingContext(sc, 1, clock=ManualClock()), nats_server.url, stream)
+    again.replay(1000, json.loads(json.dumps(planned)))
+    assert again.compute(1000).collect() == [f"m{i}" for i in range(8)]
+    assert again.records_in(again.plan(2000, None)) == 13
+
+
+def test_subjects_filter_and_start_from_latest(ssc, nats_server):
+    stream = new_stream(nats_server.url, ["before"])
+    source = source_for(
+        ssc, nats_server.url, stream, subjects=[f"{stream}.keep.*"], start_from="latest"
+    )
+    publish(
+        nats_server.url,
+        stream,
+        [(f"{stream}.keep.a", "yes1"), (f"{stream}.drop", "no"), (f"{stream}.keep.b", "yes2")],
+    )
+    source.plan(1000, None)
+    assert source.compute(1000).collect() == ["yes1", "yes2"]
+
+
+def test_subject_wildcards():
+    assert subject_matches("a.b.c", "a.*.c") and subject_matches("a.b.c", "a.>")
+    assert not subject_matches("a", "a.>") and not subject_matches("a.b", "a.*.c")
+    assert subject_matches("a.b", "a.b") and not subject_matches("a.b.c", "a.b")
+
+
+def test_messages_removed_before_a_replay_stop_the_job(sc, nats_server):
+    stream = new_stream(nats_server.url, [f"m{i}" for i in range(10)])
+    planned = source_for(
+        StreamingContext(sc, 1, clock=ManualClock()), nats_server.url, stream
+    ).plan(1000, None)
+    purge(nats_server.url, stream, keep=3)
+    again = source_for(StreamingContext(sc, 1, clock=ManualClock()), nats_server.url, stream)
+    with pytest.raises(SourceError, match=rf"nats stream '{stream}': the recorded range 1\.\.10"):
+        again.replay(1000, planned)
+
+
+def test_messages_removed_before_planning_or_reading_are_named(ssc, nats_server):
+    stream = new_stream(nats_server.url, [f"m{i}" for i in range(10)])
+    source = source_for(ssc, nats_server.url, stream)
+    source.plan(1000, 4)
+    purge(nats_server.url, stream, keep=2)
+    with pytest.raises(
+        Exception,
+        match=rf"'{stream}': sequence [13] of the recorded range [13]\.\.[24] is no longer",
+    ):
+        source.compute(1000).collect()
+    with pytest.raises(SourceError, match=rf"'{stream}': sequences 5\.\.8 were removed"):
+        source.plan(2000, None)
+
+
+def test_a_server_restart_during_a_read_is_retried_and_loses_nothing(ssc, nats_server):
+    stream = new_stream(nats_server.url, [f"m{i}" for i in range(300)])
+    source = source_for(ssc, nats_server.url, stream)
+    source.plan(1000, None)
+    nats_server.stop()
+    result: list[list[str]] = []
+    reader = threading.Thread(target=lambda: result.append(source.compute(1000).collect()))
+    reader.start()
+    nats_server.start()
+    reader.join(60)
+    assert result == [[f"m{i}" for i in range(300)]]
+
+
+def test_an_unreachable_server_or_a_missing_stream_is_named(ssc, nats_server):
+    with pytest.raises(SourceError, match=r"nats server nats://127\.0\.0\.1:1 unreachable"):
+        source_for(ssc, "nats://127.0.0.1:1", "EVENTS")
+    with pytest.raises(SourceError, match=r"nats stream 'NOSUCH' does not exist"):
+        source_for(ssc, nats_server.url, "NOSUCH")
