@@ -399,7 +399,8 @@ def legacy_listener(run: Run, server: SocketServer, ssc: Any) -> Any:
         try:
             stream = ssc._jssc.ssc().graph().getReceiverInputStreams()[0]
             controller = stream.rateController()
-            return float(controller.get().getLatestRate()) if controller.isDefined() else None
+            rate = controller.get().getLatestRate() if controller.isDefined() else -1
+            return float(rate) if rate >= 0 else None  # -1: no estimate yet
         except Exception:  # py4j: the method is private[streaming] and may change
             return None
 

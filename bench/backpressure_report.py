@@ -88,8 +88,8 @@ def markdown(results: dict[str, Any], summaries: list[dict[str, Any]], png: str)
     lines = [
         f"# Backpressure through an overload step, {results['date']}",
         "",
-        f"Produced by `{results['command']}` (`make bench-backpressure`); method in "
-        "bench/README.md. Each system's offered rate steps from 0.3x to 10x the rate it "
+        f"Produced by `{results['command']}`; method "
+        "in bench/README.md. Each system's offered rate steps from 0.3x to 10x the rate it "
         "sustains, measured by a calibration in the same run.",
         "",
         "## Machine",
@@ -174,6 +174,11 @@ def plot(results: dict[str, Any], systems: list[str], path: Path) -> None:
         rates, processing, delay = axes[:, column]
         rates.set_title(system)
         if run is None:
+            for ax in axes[:, column]:
+                ax.set_axis_off()
+            rates.text(
+                0.5, 0.5, "no step run (see the results)", ha="center", transform=rates.transAxes
+            )
             continue
         step_s = run["step_s"]
         batches = run["batches"]
