@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_SECONDS ?= 30
 
-.PHONY: setup debian-packages demo test test-fast exactly-once lint crd e2e bench bench-quick clean
+.PHONY: setup debian-packages demo test test-fast exactly-once lint crd e2e bench bench-quick bench-backpressure clean
 
 setup: $(STAMP)
 
@@ -61,6 +61,11 @@ bench: setup $(BENCH_STAMP)
 
 bench-quick: setup $(BENCH_STAMP)
 	$(BIN)/python -m bench --quick $(BENCH_ARGS)
+
+# An overload step, dstream against pyspark.streaming (a few minutes; bench/README.md), and the
+# plot of dstream's run in docs/.
+bench-backpressure: setup $(BENCH_STAMP)
+	$(BIN)/python -m bench.backpressure --docs-png docs/backpressure-step.png
 
 lint: setup
 	$(BIN)/ruff check .
