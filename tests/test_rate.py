@@ -139,7 +139,19 @@ def test_rejects_a_non_positive_batch_interval():
 def controller(
     batch_ms: int = BATCH_MS, initial: float | None = None, cap: float | None = None
 ) -> RateController:
-    return RateController(PIDRateEstimator(batch_ms), initial_rate=initial, max_rate=cap)
+    """A controller past its unmeasured first batch (see the warm-up test)."""
+    fresh = RateController(PIDRateEstimator(batch_ms), initial_rate=initial, max_rate=cap)
+    fresh.update(0, 10, 60_000, 0)  # a minute of start-up for 10 records: not measured
+    return fresh
+
+
+def test_the_first_batch_with_records_is_not_measured():
+    fresh = RateController(PIDRateEstimator(BATCH_MS), initial_rate=20_000)
+    fresh.update(500, 0, 100, 0)  # no records: nothing to learn, still warming up
+    fresh.update(1000, 200, 8000, 0)  # 25/s, because the Python workers were starting
+    assert fresh.rate_limit == 20_000 and not fresh.estimator.primed
+    fresh.update(2000, 20_000, 2000, 0)  # the first measured batch: 10,000/s
+    assert fresh.rate_limit == pytest.approx(10_000)
 
 
 def test_without_initial_rate_the_first_batches_are_unlimited():

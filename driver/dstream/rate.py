@@ -123,6 +123,7 @@ class RateController:
         self.estimator = estimator
         self.max_rate = max_rate
         self._rate = self._capped(initial_rate)
+        self._warmed_up = False
         self._lock = threading.Lock()
 
     def _capped(self, rate: float | None) -> float | None:
@@ -143,10 +144,16 @@ class RateController:
         return max(1, int(rate * self.estimator.batch_interval_ms / 1000))
 
     def update(self, time_ms: int, records: int, processing_ms: int, scheduling_ms: int) -> None:
-        """Apply the estimator's new rate. Spark's first valid update only records the processing
-        rate, which leaves an initialRate set far too high in force for one more overloaded
-        batch; here a limit above that first measurement comes down to it at once."""
+        """Apply the estimator's new rate. The first batch with records is not measured: it pays
+        for starting the Python workers and warming the JVM, and measured it would pull the rate
+        far down (each later step may only double it back). Spark's first valid update only
+        records the processing rate, which leaves an initialRate set far too high in force for
+        one more overloaded batch; here a limit above that first measurement comes down to it
+        at once."""
         with self._lock:
+            if not self._warmed_up:
+                self._warmed_up = records > 0
+                return
             primed = self.estimator.primed
             new_rate = self.estimator.compute(time_ms, records, processing_ms, scheduling_ms)
             if new_rate is None and not primed and self.estimator.primed and self._rate is not None:
