@@ -1,0 +1,159 @@
+"""The example programs in examples/programs run unchanged on dstream and on pyspark.streaming,
+with the same output, each with PATH reduced to /usr/bin:/bin (the examples must find Java and
+their Python on their own, as on a bare machine).
+
+Each finite example prints its first BATCHES batches (pprint) or its store's content; the
+recoverable one is run, stopped and restarted, and its store compared once all input is in.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PROGRAMS = Path(__file__).parent.parent / "examples" / "programs"
+FINITE = [
+    "queue_stream",
+    "stateful_wordcount",
+    "windowed_counts",
+    "transform_join",
+    "foreachrdd_sqlite",
+]
+ENGINES = ("dstream", "pyspark")
+BARE_PATH = "/usr/bin:/bin"
+TIMEOUT_S = 600
+HEADER = re.compile(r"-+\nTime: [^\n]+\n-+\n")
+
+
+def bare_environment(engine: str) -> dict[str, str]:
+    """This environment with a bare PATH and no PYSPARK_PYTHON: the program picks its Python."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
+    return {**env, "PATH": BARE_PATH, "STREAMING_ENGINE": engine, "SPARK_LOCAL_IP": "127.0.0.1"}
+
+
+def start(program: str, engine: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(PROGRAMS / f"{program}.py"), *args],
+        env=bare_environment(engine),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def batches_of(program: str) -> int:
+    """The example's BATCHES (importing it runs nothing: its work is under __main__)."""
+    sys.path.insert(0, str(PROGRAMS))
+    try:
+        return importlib.import_module(program).BATCHES
+    finally:
+        sys.path.remove(str(PROGRAMS))
+
+
+def normalized(stdout: str, batches: int) -> list[Any]:
+    """pprint output: the first `batches` batches, each as its sorted lines (batch times are
+    the wall clock's, so they differ); any other output: its lines."""
+    blocks = HEADER.split(stdout)
+    if len(blocks) == 1:
+        return stdout.splitlines()
+    return [sorted(line for line in block.splitlines() if line) for block in blocks[1:]][:batches]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("program", FINITE)
+def test_an_example_gives_the_same_output_on_both_engines_with_a_bare_path(program, tmp_path):
+    args = {"foreachrdd_sqlite": lambda e: [str(tmp_path / f"{e}.db")]}.get(program, lambda e: [])
+    running = {engine: start(program, engine, *args(engine)) for engine in ENGINES}
+    outputs = {}
+    for engine, process in running.items():
+        stdout, stderr = process.communicate(timeout=TIMEOUT_S)
+        assert process.returncode == 0, f"{engine}: {stderr[-3000:]}"
+        outputs[engine] = normalized(stdout, batches_of(program))
+
+    assert outputs["dstream"] == outputs["pyspark"]
+    if HEADER.search(stdout):
+        assert len(outputs["dstream"]) == batches_of(program)
+    assert any(outputs["dstream"]), "no output at all"
+
+
+class Run:
+    """One run of the recoverable example, its stdout read line by line as it comes."""
+
+    def __init__(self, engine: str, args: list[str]):
+        self.process = start("recoverable_wordcount", engine, *args)
+        self.lines: list[str] = []
+        self.stderr = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not condition():
+            assert self.process.poll() is None, f"exited before {what}: {self.stop_output()}"
+            assert time.monotonic() < deadline, f"no {what} within {TIMEOUT_S} s"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        """SIGTERM, which the program answers with a graceful stop."""
+        self.process.send_signal(signal.SIGTERM)
+        assert self.process.wait(TIMEOUT_S) == 0, self.stop_output()
+        self._reader.join(TIMEOUT_S)
+
+    def stop_output(self) -> str:
+        assert self.process.stderr is not None
+        if self.process.poll() is None:
+            self.process.kill()
+        return self.process.stderr.read()[-3000:]
+
+
+def totals(database: Path) -> Counter[str]:
+    with sqlite3.connect(database) as db:
+        return Counter(dict(db.execute("SELECT word, n FROM totals").fetchall()))
+
+
+def add_file(directory: Path, name: str, text: str) -> None:
+    hidden = directory / f".{name}"
+    hidden.write_text(text)
+    hidden.rename(directory / name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_recoverable_example_restarts_without_calling_setup(engine, tmp_path):
+    inputs, database = tmp_path / "in", tmp_path / "totals.db"
+    inputs.mkdir()
+    args = [str(inputs), str(tmp_path / "checkpoint"), str(database)]
+    texts = ["to be or not to be", "to stream or not to stream, that is the question"]
+    expected: Counter[str] = Counter()
+    setups = []
+    for number, text in enumerate(texts):
+        run = Run(engine, args)
+        run.wait_for(
+            lambda run=run: any(line.startswith("streaming") for line in run.lines), "start"
+        )
+        add_file(inputs, f"part-{number}.txt", text)
+        expected.update(text.split())
+        run.wait_for(lambda: database.exists() and totals(database) == expected, "totals")
+        run.stop()
+        setups.append(sum("building the streaming program" in line for line in run.lines))
+
+    assert setups == [1, 0]
+    assert totals(database) == expected
