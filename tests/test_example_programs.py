@@ -18,7 +18,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ FINITE = [
 ]
 ENGINES = ("dstream", "pyspark")
 BARE_PATH = "/usr/bin:/bin"
-TIMEOUT_S = 600
+TIMEOUT_S = 900  # two JVMs at once on a loaded 2-core machine
 HEADER = re.compile(r"-+\nTime: [^\n]+\n-+\n")
 
 
@@ -44,14 +45,26 @@ def bare_environment(engine: str) -> dict[str, str]:
     return {**env, "PATH": BARE_PATH, "STREAMING_ENGINE": engine, "SPARK_LOCAL_IP": "127.0.0.1"}
 
 
-def start(program: str, engine: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+@contextmanager
+def started(
+    program: str, engine: str, args: list[str], stderr: Any = subprocess.PIPE
+) -> Iterator[subprocess.Popen[str]]:
+    """The program in a process group of its own, which is killed on the way out (the program,
+    its JVM and Python workers), whether the test passed or not."""
+    process = subprocess.Popen(
         [sys.executable, str(PROGRAMS / f"{program}.py"), *args],
         env=bare_environment(engine),
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         text=True,
+        start_new_session=True,
     )
+    try:
+        yield process
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def batches_of(program: str) -> int:
@@ -73,15 +86,17 @@ def normalized(stdout: str, batches: int) -> list[Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
 @pytest.mark.parametrize("program", FINITE)
 def test_an_example_gives_the_same_output_on_both_engines_with_a_bare_path(program, tmp_path):
     args = {"foreachrdd_sqlite": lambda e: [str(tmp_path / f"{e}.db")]}.get(program, lambda e: [])
-    running = {engine: start(program, engine, *args(engine)) for engine in ENGINES}
     outputs = {}
-    for engine, process in running.items():
-        stdout, stderr = process.communicate(timeout=TIMEOUT_S)
-        assert process.returncode == 0, f"{engine}: {stderr[-3000:]}"
-        outputs[engine] = normalized(stdout, batches_of(program))
+    with ExitStack() as stack:
+        running = {e: stack.enter_context(started(program, e, args(e))) for e in ENGINES}
+        for engine, process in running.items():
+            stdout, stderr = process.communicate(timeout=TIMEOUT_S)
+            assert process.returncode == 0, f"{engine}: {stderr[-3000:]}"
+            outputs[engine] = normalized(stdout, batches_of(program))
 
     assert outputs["dstream"] == outputs["pyspark"]
     if HEADER.search(stdout):
@@ -92,10 +107,10 @@ def test_an_example_gives_the_same_output_on_both_engines_with_a_bare_path(progr
 class Run:
     """One run of the recoverable example, its stdout read line by line as it comes."""
 
-    def __init__(self, engine: str, args: list[str]):
-        self.process = start("recoverable_wordcount", engine, *args)
+    def __init__(self, process: subprocess.Popen[str], stderr: Path):
+        self.process = process
+        self.stderr = stderr
         self.lines: list[str] = []
-        self.stderr = ""
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -107,21 +122,18 @@ class Run:
     def wait_for(self, condition: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + TIMEOUT_S
         while not condition():
-            assert self.process.poll() is None, f"exited before {what}: {self.stop_output()}"
+            assert self.process.poll() is None, f"exited before {what}: {self.errors()}"
             assert time.monotonic() < deadline, f"no {what} within {TIMEOUT_S} s"
             time.sleep(0.1)
 
     def stop(self) -> None:
         """SIGTERM, which the program answers with a graceful stop."""
         self.process.send_signal(signal.SIGTERM)
-        assert self.process.wait(TIMEOUT_S) == 0, self.stop_output()
+        assert self.process.wait(TIMEOUT_S) == 0, self.errors()
         self._reader.join(TIMEOUT_S)
 
-    def stop_output(self) -> str:
-        assert self.process.stderr is not None
-        if self.process.poll() is None:
-            self.process.kill()
-        return self.process.stderr.read()[-3000:]
+    def errors(self) -> str:
+        return self.stderr.read_text(errors="replace")[-3000:]
 
 
 def totals(database: Path) -> Counter[str]:
@@ -136,8 +148,10 @@ def add_file(directory: Path, name: str, text: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2 * TIMEOUT_S)
 @pytest.mark.parametrize("engine", ENGINES)
 def test_the_recoverable_example_restarts_without_calling_setup(engine, tmp_path):
+    program = "recoverable_wordcount"
     inputs, database = tmp_path / "in", tmp_path / "totals.db"
     inputs.mkdir()
     args = [str(inputs), str(tmp_path / "checkpoint"), str(database)]
@@ -145,14 +159,14 @@ def test_the_recoverable_example_restarts_without_calling_setup(engine, tmp_path
     expected: Counter[str] = Counter()
     setups = []
     for number, text in enumerate(texts):
-        run = Run(engine, args)
-        run.wait_for(
-            lambda run=run: any(line.startswith("streaming") for line in run.lines), "start"
-        )
-        add_file(inputs, f"part-{number}.txt", text)
-        expected.update(text.split())
-        run.wait_for(lambda: database.exists() and totals(database) == expected, "totals")
-        run.stop()
+        stderr = tmp_path / f"run-{number}.err"
+        with stderr.open("w") as errors, started(program, engine, args, errors) as process:
+            run = Run(process, stderr)
+            run.wait_for(lambda r=run: any(x.startswith("streaming") for x in r.lines), "start")
+            add_file(inputs, f"part-{number}.txt", text)
+            expected.update(text.split())
+            run.wait_for(lambda: database.exists() and totals(database) == expected, "totals")
+            run.stop()
         setups.append(sum("building the streaming program" in line for line in run.lines))
 
     assert setups == [1, 0]

@@ -129,21 +129,17 @@ class DStreamGraph:
         """Which operation's function failed: streams in definition order, so the first that
         fails alone is the culprit (its parents pickled fine before it), then its attributes."""
         for stream in self.streams:
-            try:
-                _PICKLER.dumps(stream)
-                continue
-            except Exception as stream_error:
-                error = stream_error
             for key, value in stream.__getstate__().items():
                 try:
                     _PICKLER.dumps(value)
                 except Exception as value_error:
                     what = "the function given to" if callable(value) else f"`{key}` of"
+                    reason = str(value_error).rstrip(".")
                     return (
                         f"DStream checkpointing is enabled but {what} {stream._origin} "
                         f"(stream #{stream._index}, {type(stream).__name__}) cannot be "
-                        f"serialized: {str(value_error).rstrip('.')}. Functions of a streaming graph are saved "
-                        "with the checkpoint; they must not capture the SparkContext, the "
+                        f"serialized: {reason}. Functions of a streaming graph are saved with "
+                        "the checkpoint; they must not capture the SparkContext, the "
                         "StreamingContext or an RDD (use rdd.context inside the function)."
                     )
         return f"DStream checkpointing is enabled but the graph cannot be serialized: {error}"
