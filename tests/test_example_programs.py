@@ -127,7 +127,8 @@ class Run:
             time.sleep(0.1)
 
     def stop(self) -> None:
-        """SIGTERM, which the program answers with a graceful stop."""
+        """SIGTERM, which the program answers with a stop (the batches it did not finish are
+        the next run's: a graceful stop would wait for the whole backlog of a slow machine)."""
         self.process.send_signal(signal.SIGTERM)
         assert self.process.wait(TIMEOUT_S) == 0, self.errors()
         self._reader.join(TIMEOUT_S)
