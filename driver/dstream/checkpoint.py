@@ -1,7 +1,8 @@
 """The checkpoint directory: graph metadata, the batch log, commit markers and state checkpoints.
 
 Layout under the checkpoint path:
-    metadata.json           graph signature and zero time, written once per graph
+    metadata.json           zero time, the pickled DStream graph with its signature, and the
+                            SparkContext's settings; written when a run starts (.bk: previous)
     log/batch-<ms>.json     the input ranges of a batch, written before the batch runs
     log/commit-<ms>.json    written once the batch's output jobs finished; lists the state
                             checkpoints that batch made, and its error if an output failed
@@ -34,6 +35,9 @@ _TEMP_FILE = re.compile(r"^\..+\.tmp-\d+$")
 # Signature keys a restarted program may change: they decide when state is checkpointed, not
 # what it holds, so a checkpoint written with another interval restores just as well.
 _TUNABLE_SIGNATURE_KEYS = frozenset({"checkpointMs"})
+# 1: zero time, batch interval, graph signature. 2: adds the pickled graph and Spark settings.
+# A version-1 checkpoint still recovers, by running the program's setup (there is no graph).
+METADATA_VERSION = 2
 FAULT_INJECT_ENV = "DSTREAM_FAULT_INJECT"
 _fault_arrivals: dict[str, int] = {}
 
@@ -154,11 +158,23 @@ class CheckpointDir:
         if not meta.exists():
             return None
         try:
-            return read_document(meta)
-        except TornFileError:
+            metadata = read_document(meta)
+        except TornFileError as torn:
             backup = self.path / "metadata.json.bk"
             log.warning("checkpoint metadata torn; using the backup %s", backup)
-            return read_document(backup)
+            try:
+                metadata = read_document(backup)
+            except (TornFileError, FileNotFoundError) as error:
+                raise CheckpointUnrecoverableError(
+                    f"checkpoint metadata is torn and so is its backup: {torn}; {error}"
+                ) from None
+        version = metadata.get("version", 1)
+        if version > METADATA_VERSION:
+            raise CheckpointMismatchError(
+                f"checkpoint {self.path} has metadata version {version}; this dstream reads "
+                f"up to {METADATA_VERSION}: run it with the newer dstream that wrote it"
+            )
+        return metadata
 
     def write_metadata(self, metadata: dict[str, Any]) -> None:
         write_document(self.path / "metadata.json.bk", metadata)

@@ -8,15 +8,22 @@ settings and spec-driven jobs set the same keys.
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from pyspark import RDD, SparkContext
+from pyspark import RDD, SparkConf, SparkContext
+from pyspark.serializers import CloudPickleSerializer
 
-from dstream.checkpoint import CheckpointDir, move_checkpoint_aside
+from dstream.checkpoint import (
+    METADATA_VERSION,
+    CheckpointDir,
+    CheckpointMismatchError,
+    move_checkpoint_aside,
+)
 from dstream.clock import ManualClock, SystemClock
 from dstream.connectors.files import FileInputDStream
 from dstream.connectors.rate import RateInputDStream
@@ -28,6 +35,22 @@ from dstream.sources import QueueInputDStream
 from dstream.timeutil import duration_to_ms
 
 log = logging.getLogger(__name__)
+# Settings that describe the process that wrote a checkpoint, not the program: a SparkContext
+# re-created from the checkpoint takes them from its own run (as Spark's Checkpoint does).
+_PER_RUN_SPARK_KEYS = frozenset(
+    {
+        "spark.app.id",
+        "spark.app.startTime",
+        "spark.app.submitTime",
+        "spark.driver.host",
+        "spark.driver.port",
+        "spark.blockManager.port",
+        "spark.ui.port",
+        "spark.executor.id",
+        "spark.kubernetes.driver.pod.name",
+        "spark.kubernetes.executor.podNamePrefix",
+    }
+)
 
 
 class StreamingContext:
@@ -58,16 +81,69 @@ class StreamingContext:
 
     @classmethod
     def getOrCreate(
-        cls, checkpointPath: str, setupFunc: Callable[[], StreamingContext], fresh: bool = False
+        cls,
+        checkpointPath: str,
+        setupFunc: Callable[[], StreamingContext],
+        fresh: bool = False,
+        rebuild: bool = False,
     ) -> StreamingContext:
-        """Rebuild the graph with setupFunc and attach the checkpoint: a previous run's log and
-        state are recovered when the context starts (the graph must be the same program).
-        `fresh=True` moves an existing checkpoint aside first instead of recovering from it."""
+        """The context of a previous run restored from its checkpoint, as pyspark.streaming
+        does: its DStream graph and functions come from the checkpoint and setupFunc is not
+        called (the SparkContext too, when none is active). Without a checkpoint, setupFunc()
+        with the checkpoint attached. Either way the batch log and state recover at start().
+
+        `rebuild=True` builds the graph with setupFunc even so: for a program whose functions
+        changed while its streams stayed the same (checked at start against the checkpoint).
+        `fresh=True` moves an existing checkpoint aside first and starts from nothing."""
         if fresh:
             move_checkpoint_aside(checkpointPath)
+        metadata = CheckpointDir(checkpointPath).read_metadata()
+        if metadata is not None and not rebuild:
+            if "pickledGraph" in metadata:
+                return cls._restore(checkpointPath, metadata)
+            log.warning("checkpoint %s holds no graph (version 1): running setup", checkpointPath)
         ssc = setupFunc()
         ssc.checkpoint(checkpointPath)
         return ssc
+
+    @classmethod
+    def _restore(cls, checkpointPath: str, metadata: dict[str, Any]) -> StreamingContext:
+        """A context around the graph pickled in the checkpoint's metadata."""
+        sc = SparkContext._active_spark_context
+        if sc is None:
+            settings = [(k, v) for k, v in metadata["sparkConf"] if k not in _PER_RUN_SPARK_KEYS]
+            sc = SparkContext(conf=SparkConf().setAll(settings))
+        try:
+            graph, query_streams = CloudPickleSerializer().loads(
+                base64.b64decode(metadata["pickledGraph"])
+            )
+        except Exception as error:
+            raise CheckpointMismatchError(
+                f"checkpoint {checkpointPath} holds a streaming graph this program cannot load "
+                f"({type(error).__name__}: {error}); if only the program's functions changed, "
+                "StreamingContext.getOrCreate(path, setup, rebuild=True) builds the graph with "
+                "setup again, else fresh=True moves the old checkpoint aside"
+            ) from error
+        ssc = cls(sc, graph.batch_ms / 1000)
+        ssc._graph = graph
+        graph.attach(ssc)
+        ssc.queryStreams = query_streams
+        ssc.checkpoint(checkpointPath)
+        return ssc
+
+    def _checkpoint_metadata(self, zero_ms: int) -> dict[str, Any]:
+        """What a restart needs beside the batch log: the graph itself (getOrCreate restores
+        it), its signature (checked when a program or job spec builds the graph again) and the
+        Spark settings (to re-create a SparkContext that the program made in its setup)."""
+        pickled = self._graph.pickled(self.queryStreams, self._sc)
+        return {
+            "version": METADATA_VERSION,
+            "zeroMs": zero_ms,
+            "batchMs": self._batch_ms,
+            "graph": self._graph.signature(),
+            "pickledGraph": base64.b64encode(pickled).decode("ascii"),
+            "sparkConf": sorted(self._sc.getConf().getAll()),
+        }
 
     @classmethod
     def getActive(cls) -> StreamingContext | None:
@@ -190,7 +266,9 @@ class StreamingContext:
         return controllers
 
     def start(self) -> None:
-        """Start the streams; with a checkpoint from an earlier run, recover from it first."""
+        """Start the streams; with a checkpoint from an earlier run, recover from it first.
+        With a checkpoint, the graph is pickled into it first: a function that cannot be is
+        reported here (GraphNotSerializableError, a Py4JJavaError as in pyspark.streaming)."""
         if self._state == "active":
             raise RuntimeError("StreamingContext has already been started")
         if self._state == "stopped":

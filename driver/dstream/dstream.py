@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import operator
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime
@@ -21,6 +22,7 @@ from pyspark import RDD, StorageLevel
 from pyspark.rdd import portable_hash
 from pyspark.resultiterable import ResultIterable
 
+from dstream.graph import attached, detached
 from dstream.timeutil import datetime_of, duration_to_ms, time_to_ms
 
 if TYPE_CHECKING:
@@ -43,6 +45,27 @@ def _positional_arity(func: Callable[..., Any]) -> int:
     return sum(1 for p in parameters if p.kind in positional)
 
 
+# Per-run handles of a stream: not pickled with the graph, re-created by _attach on restore.
+_DRIVER_HANDLES = ("_ssc", "_sc", "_generated", "_lock")
+
+
+def _creation_site() -> str:
+    """'map at job.py:12': the outermost DStream/StreamingContext method of the calls that are
+    creating a stream, and the caller's line, so that errors about a stream name the program's
+    operation (Spark's DStream.creationSite plays this part)."""
+    from dstream.context import StreamingContext
+
+    frame = sys._getframe(2)
+    operation = "?"
+    while frame is not None and isinstance(frame.f_locals.get("self"), DStream | StreamingContext):
+        if not frame.f_code.co_name.startswith("_"):
+            operation = frame.f_code.co_name
+        frame = frame.f_back
+    if frame is None:
+        return operation
+    return f"{operation} at {frame.f_code.co_filename.rpartition('/')[2]}:{frame.f_lineno}"
+
+
 class DStream:
     """A discretized stream. Subclasses implement `compute(time_ms)`."""
 
@@ -59,7 +82,26 @@ class DStream:
         self._remember_ms = 0
         self.is_cached = False
         self.is_checkpointed = False
+        self._origin = _creation_site()
         self._index = ssc._graph.add_stream(self)
+
+    # -- checkpointing the graph ----------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What the checkpoint keeps of this stream, pickled with the graph as pyspark.streaming
+        pickles its functions: no SparkContext, RDD cache or lock (_attach re-creates them);
+        RDDs the stream holds (an initialRDD, a queue) are kept by value."""
+        return {k: detached(v) for k, v in self.__dict__.items() if k not in _DRIVER_HANDLES}
+
+    def _attach(self, ssc: StreamingContext) -> None:
+        """Bind a stream restored from a checkpoint to this run's contexts."""
+        sc = ssc.sparkContext
+        for key, value in list(self.__dict__.items()):
+            self.__dict__[key] = attached(value, sc)
+        self._ssc = ssc
+        self._sc = sc
+        self._generated = {}
+        self._lock = threading.RLock()
 
     # -- graph plumbing -------------------------------------------------------------------
 
@@ -455,10 +497,14 @@ class TransformedDStream(DStream):
         ):
             inner = parent.func
             self.func: RDDFunc = lambda t, rdd: _apply(func, t, inner(t, rdd))
+            folded = parent._origin
             parent = parent._parents[0]
         else:
             self.func = func
+            folded = None
         super().__init__(parent._ssc, [parent])
+        if folded is not None:
+            self._origin = f"{folded}, then {self._origin}"
 
     def compute(self, time_ms: int) -> RDD | None:
         rdd = self._parents[0].getOrCompute(time_ms)

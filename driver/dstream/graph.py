@@ -2,20 +2,95 @@
 
 Definition order gives each stream a stable index, which is how a restarted program's streams are
 matched with the state checkpoints of the previous run (the signature must agree).
+
+The graph is pickled into the checkpoint metadata (with cloudpickle, as pyspark.streaming pickles
+its DStreams' functions), so `StreamingContext.getOrCreate` restores the program without running
+its setup again. What only makes sense in one run (the SparkContext, RDDs, accumulators, locks)
+is left out and re-created when the restored graph is attached to the new run's context.
 """
 
 from __future__ import annotations
 
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pyspark import RDD
+from py4j.protocol import Py4JJavaError
+from pyspark import RDD, Accumulator, SparkContext
+from pyspark.accumulators import AccumulatorParam
+from pyspark.serializers import CloudPickleSerializer
 
 if TYPE_CHECKING:
+    from dstream.context import StreamingContext
     from dstream.dstream import DStream, OutputDStream
     from dstream.sources import InputDStream
+
+_PICKLER = CloudPickleSerializer()
+
+
+class GraphNotSerializableError(Py4JJavaError):
+    """A graph with a function that cannot be pickled, found at start() when checkpointing.
+
+    pyspark.streaming raises py4j's Py4JJavaError there (the JVM fails to serialize the Python
+    function while validating the checkpoint); this is the same type, carrying a real
+    java.io.IOException, so code written against pyspark.streaming catches it unchanged. Unlike
+    pyspark's, the message names the operation and the program line that created the stream."""
+
+    def __init__(self, message: str, sc: SparkContext):
+        jvm = sc._jvm
+        assert jvm is not None
+        super().__init__(
+            "An error occurred while calling StreamingContext.start",
+            jvm.java.io.IOException(message),
+        )
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.errmsg}: java.io.IOException: {self.message}"
+
+
+@dataclass
+class StoredRDD:
+    """An RDD a stream holds (initialRDD, a queue's RDDs), kept in the checkpoint by value."""
+
+    records: list[Any]
+    partitions: int
+
+
+@dataclass
+class FreshAccumulator:
+    """An accumulator a stream holds: a restored run counts again from zero."""
+
+    zero: Any
+    param: AccumulatorParam
+
+
+def detached(value: Any) -> Any:
+    """`value` as a stream's attribute is pickled: RDDs by value, accumulators as fresh ones."""
+    if isinstance(value, RDD):
+        return StoredRDD(value.collect(), value.getNumPartitions())
+    if isinstance(value, Accumulator):
+        return FreshAccumulator(value.accum_param.zero(value.value), value.accum_param)
+    if isinstance(value, list):
+        return [detached(v) for v in value]
+    if isinstance(value, dict):
+        return {k: detached(v) for k, v in value.items()}
+    return value
+
+
+def attached(value: Any, sc: SparkContext) -> Any:
+    """The inverse of detached, in the restored run's SparkContext."""
+    if isinstance(value, StoredRDD):
+        return sc.parallelize(value.records, value.partitions)
+    if isinstance(value, FreshAccumulator):
+        return sc.accumulator(value.zero, value.param)
+    if isinstance(value, list):
+        return [attached(v, sc) for v in value]
+    if isinstance(value, dict):
+        return {k: attached(v, sc) for k, v in value.items()}
+    return value
 
 
 class DStreamGraph:
@@ -32,6 +107,48 @@ class DStreamGraph:
         self.in_force: dict[int, list[tuple[int, str]]] = {}
         self.coalesced: set[int] = set()  # batch times merged into a later batch (scheduler.py)
         self._lock = threading.Lock()
+
+    # -- pickling into the checkpoint -----------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The program's part: streams, inputs, outputs and spans; not this run's bookkeeping."""
+        keep = ("batch_ms", "streams", "inputs", "outputs", "remember_ms")
+        return {key: self.__dict__[key] for key in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["batch_ms"])
+        self.__dict__.update(state)
+
+    def pickled(self, extra: Any, sc: SparkContext) -> bytes:
+        """cloudpickle of (graph, extra); GraphNotSerializableError names the stream at fault."""
+        try:
+            return _PICKLER.dumps((self, extra))
+        except Exception as error:
+            raise GraphNotSerializableError(self._unpicklable(error), sc) from error
+
+    def _unpicklable(self, error: Exception) -> str:
+        """Which operation's function failed: streams in definition order, so the first that
+        fails alone is the culprit (its parents pickled fine before it), then its attributes."""
+        for stream in self.streams:
+            for key, value in stream.__getstate__().items():
+                try:
+                    _PICKLER.dumps(value)
+                except Exception as value_error:
+                    what = "the function given to" if callable(value) else f"`{key}` of"
+                    reason = str(value_error).rstrip(".")
+                    return (
+                        f"DStream checkpointing is enabled but {what} {stream._origin} "
+                        f"(stream #{stream._index}, {type(stream).__name__}) cannot be "
+                        f"serialized: {reason}. Functions of a streaming graph are saved with "
+                        "the checkpoint; they must not capture the SparkContext, the "
+                        "StreamingContext or an RDD (use rdd.context inside the function)."
+                    )
+        return f"DStream checkpointing is enabled but the graph cannot be serialized: {error}"
+
+    def attach(self, ssc: StreamingContext) -> None:
+        """Bind a graph restored from a checkpoint to the new run's StreamingContext."""
+        for stream in self.streams:
+            stream._attach(ssc)
 
     def add_stream(self, stream: DStream) -> int:
         self.streams.append(stream)

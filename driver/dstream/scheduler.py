@@ -190,9 +190,7 @@ class BatchScheduler:
         first_ms = (self.clock.now_ms() // batch + 1) * batch
         self._graph.start(first_ms - batch)
         if self._checkpoint is not None:
-            self._checkpoint.write_metadata(
-                {"zeroMs": first_ms - batch, "batchMs": batch, "graph": self._graph.signature()}
-            )
+            self._checkpoint.write_metadata(self._ssc._checkpoint_metadata(first_ms - batch))
         return first_ms
 
     def stop(self) -> None:
@@ -219,6 +217,8 @@ class BatchScheduler:
         # Start first: the saved signature was taken after start() settled default intervals.
         self._graph.start(metadata["zeroMs"])
         self._check_signature(metadata)
+        # The graph in force (restored, or rebuilt by a setup or a job spec) for the next restart.
+        self._checkpoint.write_metadata(self._ssc._checkpoint_metadata(metadata["zeroMs"]))
         found = self._checkpoint.load_log()
         for time_ms in sorted(found.records):
             record = found.records[time_ms]

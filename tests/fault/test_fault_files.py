@@ -35,14 +35,17 @@ class FileJob:
         else:
             self.source = ssc.fileStream(str(self.directory), self.format)
 
+        output = self.output  # not `self`, which holds the SparkContext: the graph is pickled
+
         def keep(time: datetime, rdd: Any) -> None:
-            self.output[time_to_ms(time)] = sorted(rdd.collect(), key=str)
+            output[time_to_ms(time)] = sorted(rdd.collect(), key=str)
 
         self.source.foreachRDD(keep)
         return ssc
 
     def start(self) -> StreamingContext:
-        ssc = StreamingContext.getOrCreate(self.checkpoint, self.setup)
+        """A restart runs setup again (rebuild), so `keep` fills this job's `output`."""
+        ssc = StreamingContext.getOrCreate(self.checkpoint, self.setup, rebuild=True)
         ssc.start()
         return ssc
 
