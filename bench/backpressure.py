@@ -566,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_worker(system: str, args: argparse.Namespace) -> dict[str, Any]:
     """One system's worker process, with the machine's load sampled while it runs."""
-    from bench.load import LoadSampler
+    from bench.machine import LoadMonitor
 
     command = [
         sys.executable,
@@ -593,18 +593,18 @@ def run_worker(system: str, args: argparse.Namespace) -> dict[str, Any]:
             cwd=ROOT,
             start_new_session=True,
         )
-        sampler = LoadSampler(process.pid).start()
         try:
-            assert process.stdout is not None
-            for line in process.stdout:
-                if line.startswith("{"):
-                    events.append(json.loads(line))
-                    print(f"  {system}: {line.strip()[:160]}", file=sys.stderr, flush=True)
-            process.wait()
+            with LoadMonitor(period=2.0, root_pid=process.pid) as monitor:
+                assert process.stdout is not None
+                for line in process.stdout:
+                    if line.startswith("{"):
+                        events.append(json.loads(line))
+                        print(f"  {system}: {line.strip()[:160]}", file=sys.stderr, flush=True)
+                process.wait()
         finally:
-            sampler.stop()
             end_group(process)
-    return {"events": events, "load": sampler.samples, "returncode": process.returncode}
+    load = [{"load1": s.load1, "other_cores": s.others_cores} for s in monitor.samples]
+    return {"events": events, "load": load, "returncode": process.returncode}
 
 
 def end_group(process: subprocess.Popen[Any]) -> None:
