@@ -248,7 +248,9 @@ class RuntimeView:
             try:
                 use_pool(sc, QUERIES)
                 sc.setJobGroup("dstream-api-query", f"slice {query.stream}", True)
-                union = sc.union(rdds) if len(rdds) > 1 else rdds[0]
+                union = (sc.union(rdds) if len(rdds) > 1 else rdds[0]).coalesce(
+                    query_partitions(sc)
+                )
                 if query.top is not None:
                     result.top = top_k(union, query.top, query.combine == "sum", query.stream)
                 else:
@@ -259,6 +261,13 @@ class RuntimeView:
             except Exception as error:
                 raise QueryFailedError(str(error).splitlines()[0]) from error
         return result
+
+
+def query_partitions(sc: Any) -> int:
+    """At most half the task slots: a query's tasks then never hold every slot, and the
+    stream's next tasks start at once (the FAIR pools, dstream/pools.py, give them the free
+    ones first), while the query still runs in parallel on a larger cluster."""
+    return max(1, sc.defaultParallelism // 2)
 
 
 def top_k(union: RDD, k: int, summed: bool, stream: str) -> list[TopEntry]:

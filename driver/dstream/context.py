@@ -180,8 +180,11 @@ class StreamingContext:
         self._graph.checkpoint_path = self._checkpoint_dir.path
 
     def registerQueryStream(self, name: str, stream: DStream, retain: float = 60) -> DStream:
-        """Name a stream for interactive queries (REST `slice`); its RDDs are kept `retain` s."""
+        """Name a stream for interactive queries (REST `slice`); its RDDs are kept `retain` s.
+        Register it before deriving streams from it: a plain transform is otherwise folded into
+        the stream derived from it, and never has RDDs of its own to query."""
         self.queryStreams[name] = stream
+        stream._queryable = True
         stream._remember(duration_to_ms(retain))
         return stream
 

@@ -82,6 +82,7 @@ class DStream:
         self._remember_ms = 0
         self.is_cached = False
         self.is_checkpointed = False
+        self._queryable = False  # registered for queries: its own RDDs must exist
         self._origin = _creation_site()
         self._index = ssc._graph.add_stream(self)
 
@@ -494,6 +495,7 @@ class TransformedDStream(DStream):
             type(parent) is TransformedDStream
             and not parent.is_cached
             and not parent.is_checkpointed
+            and not parent._queryable
         ):
             inner = parent.func
             self.func: RDDFunc = lambda t, rdd: _apply(func, t, inner(t, rdd))

@@ -9,7 +9,9 @@ only uses what the stream leaves.
 
 `dstream run` and the Kubernetes driver turn FAIR scheduling on (SPARK_CONF). A program that
 creates its own SparkContext can add SPARK_CONF to its conf; without it the pool properties are
-ignored and Spark schedules FIFO, as pyspark.streaming does.
+ignored and Spark schedules FIFO, as pyspark.streaming does. FAIR scheduling does not preempt
+a running task, so the API also runs a query in at most half the task slots
+(dstream_api.view.query_partitions): the stream always finds a free one.
 """
 
 from __future__ import annotations
