@@ -8,12 +8,12 @@ a slow one keep ranges planned under an old rate and backpressure cannot pull a 
 overload; sizing at start means every batch runs under the newest rate.
 
 With backpressure on, batch times that fell due while the runner was busy are *coalesced*: the
-latest due time runs, with one interval's budget, and the earlier ones become batches with no
-input and no output of their own (their records wait at the source, visible as lag). Their state
-and window steps still happen, inside the next batch's lineage, so windows and state equal a run
-in which those batches admitted nothing. With backpressure off every batch time runs with what
-arrived in its interval, as in pyspark.streaming, which keeps a rate source's batches a pure
-function of time.
+latest due time runs, with one interval's budget, and the earlier ones are not batches: no input,
+no output, no state step (their records wait at the source, visible as lag). State and windows
+step from the last batch that ran (DStream._previous_time), so they stay exact over the records
+admitted, and a batch's lineage does not grow with the number of coalesced times. With
+backpressure off every batch time runs with what arrived in its interval, as in
+pyspark.streaming, which keeps a rate source's batches a pure function of time.
 """
 
 from __future__ import annotations
