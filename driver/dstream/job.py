@@ -113,6 +113,8 @@ class ProgressPrinter:
         ]
         if info.kind != "live":
             parts.append(info.kind)
+        if info.coalesced:
+            parts.append(f"{len(info.coalesced)} late batch times coalesced")
         if info.error:
             parts.append(f"FAILED: {info.error}")
         print(" | ".join(parts), flush=True)
