@@ -128,6 +128,16 @@ class NatsInputDStream(InputDStream):
     def signature(self) -> dict[str, Any]:
         return {**super().signature(), "stream": self.stream, "subjects": self.subjects}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The checkpointed graph keeps no thread: a restored graph starts its own (_attach)."""
+        state = super().__getstate__()
+        state.pop("_thread", None)
+        return state
+
+    def _attach(self, ssc: StreamingContext) -> None:
+        super()._attach(ssc)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"dstream-{self.name}")
+
     def _state(self, retry_seconds: float | None = None) -> StreamState:
         async def info(js: JetStreamContext) -> StreamState:
             try:

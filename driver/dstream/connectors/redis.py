@@ -133,13 +133,28 @@ class RedisInputDStream(InputDStream):
         self.field = field
         self.start_from = start_from
         self.retry_seconds = retry_seconds
-        self._client = connect(url, retry_seconds)
-        self._probe = connect(url, 0)  # metrics scrapes must not wait out a broker restart
-        self._slices = self._client.register_script(SLICES_SCRIPT)
+        self._connect()
         self._positions: dict[str, dict[str, Any]] = {}
         self._malformed = ssc.sparkContext.accumulator(0)
         self._require_streams()
         self._starts = {key: self._start(self._info(key)) for key in self.streams}
+
+    def _connect(self) -> None:
+        self._client = connect(self.url, self.retry_seconds)
+        self._probe = connect(self.url, 0)  # metrics scrapes must not wait out a broker restart
+        self._slices = self._client.register_script(SLICES_SCRIPT)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The checkpointed graph keeps no connection: they belong to the driver that opened
+        them, and a restored graph opens its own (_attach)."""
+        state = super().__getstate__()
+        for handle in ("_client", "_probe", "_slices"):
+            state.pop(handle, None)
+        return state
+
+    def _attach(self, ssc: StreamingContext) -> None:
+        super()._attach(ssc)
+        self._connect()
 
     @property
     def malformed_records(self) -> int:
