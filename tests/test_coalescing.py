@@ -25,6 +25,22 @@ WINDOW_BATCHES = 5
 GAP = 120  # intervals that pass during the blocked batch
 
 
+# The gate of the first test: module-level, so that the checkpointed graph pickles the gate
+# function by reference (threading.Event objects cannot be pickled by value).
+BLOCKED, ENTERED, RELEASE = threading.Event(), threading.Event(), threading.Event()
+
+
+def gate(_kind: str) -> None:
+    """Hold the output of the batch that starts once BLOCKED is set, until RELEASE."""
+    if BLOCKED.is_set() and not RELEASE.is_set():
+        ENTERED.set()
+        RELEASE.wait(BATCH_TIMEOUT_S)
+
+
+def no_gate(_kind: str) -> None:
+    """Let every output through."""
+
+
 def add_counts(new: list[int], total: int | None) -> int:
     return (total or 0) + sum(new)
 
@@ -88,28 +104,23 @@ def check(outputs: dict[int, dict[str, Any]], checkpoint: str) -> list[int]:
 
 
 def test_windows_and_state_stay_exact_over_many_coalesced_times(sc, monkeypatch, tmp_path):
-    blocked, entered, release = threading.Event(), threading.Event(), threading.Event()
-
-    def gate(_kind: str) -> None:
-        if blocked.is_set() and not release.is_set():
-            entered.set()
-            release.wait(BATCH_TIMEOUT_S)
-
+    for event in (BLOCKED, ENTERED, RELEASE):
+        event.clear()
     outputs: dict[int, dict[str, Any]] = {}
     checkpoint = str(tmp_path / "checkpoint")
     ssc = build(sc, checkpoint, monkeypatch, outputs, gate)
     ssc.start()
     advance(ssc, 8)
-    blocked.set()
+    BLOCKED.set()
     ssc._clock.advance(1000)  # batch 9 starts, and blocks in its first output
-    assert entered.wait(BATCH_TIMEOUT_S), "batch 9 never reached its output"
+    assert ENTERED.wait(BATCH_TIMEOUT_S), "batch 9 never reached its output"
     for _ in range(GAP):
         ssc._clock.advance(1000)
     deadline = time.monotonic() + BATCH_TIMEOUT_S
     while ssc._scheduler.pending_batches() < GAP:  # the timer marks the times due
         assert time.monotonic() < deadline, "the timer did not mark the times due"
         time.sleep(0.01)
-    release.set()
+    RELEASE.set()
     ssc._scheduler.wait_for_batch(ssc._clock.now_ms(), BATCH_TIMEOUT_S)
     advance(ssc, 6)
     ssc.stop(stopSparkContext=False)
@@ -130,7 +141,7 @@ def test_windows_and_state_stay_exact_over_many_coalesced_times(sc, monkeypatch,
 def test_a_restart_replays_a_batch_that_stood_for_coalesced_times(sc, monkeypatch, tmp_path):
     outputs: dict[int, dict[str, Any]] = {}
     checkpoint = str(tmp_path / "checkpoint")
-    ssc = build(sc, checkpoint, monkeypatch, outputs, lambda _kind: None)
+    ssc = build(sc, checkpoint, monkeypatch, outputs, no_gate)
     ssc.start()
     advance(ssc, 7)
     ssc.stop(stopSparkContext=False)
@@ -151,7 +162,7 @@ def test_a_restart_replays_a_batch_that_stood_for_coalesced_times(sc, monkeypatc
         },
     )
 
-    again = build(sc, checkpoint, monkeypatch, outputs, lambda _kind: None)
+    again = build(sc, checkpoint, monkeypatch, outputs, no_gate)
     again._clock.advance(pending_ms)
     again.start()
     assert again._scheduler.recovery.replayed == [pending_ms]
