@@ -34,6 +34,9 @@ from streams import BATCH_TIMEOUT_S
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SEED, RECORD_BYTES = 7, 60
+# A file line of 99 characters and its newline: the files source estimates a file's records from
+# its size at 100 bytes each, so the estimate the rate limit counts is exact.
+FILE_RECORD_BYTES = 99
 SPIN_S = 0.0002  # per record: ~5,000 records/s per core, so references stay cheap to compute
 SETTLE_S = 30  # the bound: back under control within 30 s of a step
 MAX_DELAY_BATCHES = 2
@@ -258,7 +261,7 @@ def test_a_backlog_of_fifty_large_files_at_once(sc, monkeypatch, capacity, tmp_p
     per_file = max(1, round(0.6 * capacity.sustainable * capacity.batch_s))
     written: list[str] = []
     for n in range(50):
-        lines = textgen.lines(SEED + n, RECORD_BYTES, 0, 0, per_file)
+        lines = textgen.lines(SEED + n, FILE_RECORD_BYTES, 0, 0, per_file)
         written += lines
         hidden = tmp_path / f".part-{n:03d}"
         hidden.write_text("".join(line + "\n" for line in lines))
