@@ -457,20 +457,23 @@ def rate_source_batches(progress: list[dict[str, Any]], created_ms: int) -> list
         end_second = p["sources"][0]["endOffset"]
         if end_second is None:
             continue
-        start = _started_ms(p)
-        processing = p["durationMs"].get("triggerExecution", 0)
         due = created_ms + int(end_second) * 1000
-        batches.append(
-            Batch(
-                due,
-                p["numInputRows"],
-                max(0, start - due),
-                processing,
-                start + processing,
-                p["batchId"],
-            )
-        )
+        batches.append(_progress_batch(p, due))
     return batches
+
+
+def _progress_batch(progress: dict[str, Any], due: int) -> Batch:
+    """One query progress entry as a Batch that was due at `due` (ms)."""
+    start = _started_ms(progress)
+    processing = progress["durationMs"].get("triggerExecution", 0)
+    return Batch(
+        due,
+        progress["numInputRows"],
+        max(0, start - due),
+        processing,
+        start + processing,
+        progress["batchId"],
+    )
 
 
 def _started_ms(progress: dict[str, Any]) -> int:
@@ -492,19 +495,8 @@ def structured_batches(progress: list[dict[str, Any]], warmup: int) -> list[Batc
     zero = min(_started_ms(p) - p["batchId"] * 1000 for p in measured)
     batches = []
     for p in measured:
-        start = _started_ms(p)
         due = zero + p["batchId"] * 1000
-        processing = p["durationMs"].get("triggerExecution", 0)
-        batches.append(
-            Batch(
-                due,
-                p["numInputRows"],
-                max(0, start - due),
-                processing,
-                start + processing,
-                p["batchId"],
-            )
-        )
+        batches.append(_progress_batch(p, due))
     return batches
 
 
