@@ -26,6 +26,7 @@ MAX_POLL_FAILURES_IN_A_ROW = 30
 @dataclass(frozen=True)
 class Snapshot:
     ranges: dict[int, list[list[int]]]  # batch time (ms) -> [start, end) per source partition
+    coalesced: dict[int, list[int]]  # batch time (ms) -> earlier due times merged into it
     commits: dict[int, float]  # batch time (ms) -> when its commit marker was written (epoch s)
     max_drivers: int  # most live driver pods seen at once
 
@@ -48,6 +49,7 @@ class Observer(threading.Thread):
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._ranges: dict[int, list[list[int]]] = {}
+        self._coalesced: dict[int, list[int]] = {}
         self._commits: dict[int, float] = {}
         self._max_drivers = 0
         self._failures_in_a_row = 0
@@ -82,24 +84,25 @@ class Observer(threading.Thread):
                 if kind == "commit":
                     self._commits.setdefault(time_ms, entry.mtime)
                 elif time_ms not in self._ranges:
-                    ranges = _rate_ranges(entry.data)
-                    if ranges is not None:
-                        self._ranges[time_ms] = ranges
+                    body = _record_body(entry.data)
+                    if body is not None:
+                        (self._ranges[time_ms],) = body["ranges"].values()  # the job's one source
+                        self._coalesced[time_ms] = body.get("coalesced", [])
 
     def snapshot(self) -> Snapshot:
         with self._lock:
-            return Snapshot(dict(self._ranges), dict(self._commits), self._max_drivers)
+            return Snapshot(
+                dict(self._ranges), dict(self._coalesced), dict(self._commits), self._max_drivers
+            )
 
     def stop(self, timeout_s: float = 30) -> None:
         self._stopping.set()
         self.join(timeout_s)
 
 
-def _rate_ranges(data: bytes) -> list[list[int]] | None:
-    """The rate source's [start, end) per partition from a batch record; None while torn."""
+def _record_body(data: bytes) -> dict | None:
+    """A batch record's body (input ranges, coalesced times); None while the file is torn."""
     try:
-        body = json.loads(data)["body"]
+        return json.loads(data)["body"]
     except (ValueError, KeyError):
         return None
-    (ranges,) = body["ranges"].values()  # the job has exactly one source
-    return ranges

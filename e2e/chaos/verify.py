@@ -2,6 +2,8 @@
 
 The rate source's records are a pure function of (seed, partition, offset) (`dstream.textgen`),
 and the checkpoint recorded each batch's offsets, so the reference needs no second run:
+- committed batch times follow each other by one interval, except where a batch lists the times
+  between it and its predecessor as coalesced (backpressure merged late times into it);
 - every committed batch's ("count", word) output must equal the word counts of its own input;
 - ("total", letter) must equal the running total over all batches up to it;
 - ("window", word) must equal the counts of the batches inside its window;
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from dstream import textgen
 
@@ -64,6 +67,18 @@ def split_outputs(lines: list[str]) -> dict[str, dict[str, int]]:
     return found
 
 
+def unexplained_gaps(
+    committed: list[int], coalesced: dict[int, list[int]], batch_ms: int
+) -> list[int]:
+    """Batch times whose next committed batch is not one interval later and does not list every
+    time in between as coalesced into it."""
+    return [
+        t
+        for t, u in pairwise(committed)
+        if coalesced.get(u, []) != list(range(t + batch_ms, u, batch_ms))
+    ]
+
+
 def verify(
     source: Input,
     snapshot: Snapshot,
@@ -80,7 +95,7 @@ def verify(
     if missing:
         verdict.problems.append(f"committed batches without a seen record or output: {missing}")
         return verdict
-    gaps = [t for t, u in zip(committed, committed[1:], strict=False) if u - t != batch_ms]
+    gaps = unexplained_gaps(committed, snapshot.coalesced, batch_ms)
     if gaps:
         verdict.problems.append(f"batch times missing after {gaps}")
     expected = {t: word_counts(source, snapshot.ranges[t]) for t in committed}
