@@ -96,7 +96,12 @@ class RedisServer(Server):
 
 
 class NatsServer(Server):
-    """nats-server with JetStream storing under the test's directory."""
+    """nats-server with JetStream storing under the test's directory; `login` adds nats-server's
+    own flags for a user and password (`--user`, `--pass`) or a token (`--auth`)."""
+
+    def __init__(self, directory: Path, login: tuple[str, ...] = ()):
+        super().__init__(directory)
+        self.login = login
 
     def command(self) -> list[str]:
         return [
@@ -108,6 +113,7 @@ class NatsServer(Server):
             str(self.port),
             "-sd",
             str(self.directory / "jetstream"),
+            *self.login,
         ]
 
     @property

@@ -14,6 +14,8 @@ from dstream import StreamingContext
 from dstream.clock import ManualClock
 from dstream.connectors.nats import NatsInputDStream, subject_matches
 from dstream.sources import SourceError
+from dstream.spec import password_env
+from servers import NatsServer
 
 
 def publish(url: str, stream: str, messages: list[tuple[str, str]], create: bool = False) -> None:
@@ -140,3 +142,28 @@ def test_an_unreachable_server_or_a_missing_stream_is_named(ssc, nats_server):
         source_for(ssc, "nats://127.0.0.1:1", "EVENTS")
     with pytest.raises(SourceError, match=r"nats stream 'NOSUCH' does not exist"):
         source_for(ssc, nats_server.url, "NOSUCH")
+
+
+@pytest.mark.parametrize(
+    "login, secret_in_url, user_in_url",
+    [
+        (("--user", "app", "--pass", "s3cret"), "app:s3cret@", "app@"),
+        (("--auth", "s3cret"), "s3cret@", ""),
+    ],
+    ids=["user-and-password", "token"],
+)
+def test_the_password_or_token_comes_from_the_environment(
+    ssc, tmp_path, monkeypatch, login, secret_in_url, user_in_url
+):
+    server = NatsServer(tmp_path / "nats", login)
+    server.start()
+    try:
+        stream = new_stream(f"nats://{secret_in_url}127.0.0.1:{server.port}", ["a", "b", "c"])
+        url = f"nats://{user_in_url}127.0.0.1:{server.port}"
+        with pytest.raises(SourceError, match="refused the login.*DSTREAM_NATS_PASSWORD"):
+            source_for(ssc, url, stream)
+        monkeypatch.setenv(password_env("nats"), "s3cret")
+        source = source_for(ssc, url, stream)
+        assert source.records_in(source.plan(1000, None)) == 3
+    finally:
+        server.stop()

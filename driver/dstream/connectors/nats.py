@@ -85,15 +85,23 @@ async def _with_jetstream(url: str, work: Callable[[JetStreamContext], Awaitable
     credentials = {}
     if password is not None:
         credentials = {"user": user, "password": password} if user else {"token": password}
-    client = await nats.connect(
-        url,
-        **credentials,
-        connect_timeout=2,
-        allow_reconnect=False,
-        max_reconnect_attempts=1,
-        reconnect_time_wait=0,
-        error_cb=_quiet,
-    )
+    try:
+        client = await nats.connect(
+            url,
+            **credentials,
+            connect_timeout=2,
+            allow_reconnect=False,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0,
+            error_cb=_quiet,
+        )
+    except nats.errors.Error as error:
+        if "authorization violation" not in str(error).lower():
+            raise
+        raise SourceError(
+            f"nats server {url} refused the login ({error}); the password or token comes from "
+            f"{password_env('nats')} (source.nats.passwordSecret)"
+        ) from None
     try:
         return await work(client.jetstream(timeout=10))
     finally:
