@@ -65,7 +65,7 @@ bench-quick: setup $(BENCH_STAMP)
 # An overload step, dstream against pyspark.streaming (a few minutes; bench/README.md), and the
 # plot of dstream's run in docs/.
 bench-backpressure: setup $(BENCH_STAMP)
-	$(BIN)/python -m bench.backpressure --docs-png docs/backpressure-step.png
+	$(BIN)/python -m bench.backpressure --docs-png docs/backpressure-step.png $(BENCH_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 SYSTEMS = ("dstream", "pyspark.streaming")
 SEED, RECORD_BYTES, PARTITIONS = 7, 100, 2
-INTERVAL_S = 1.0
+DEFAULT_INTERVAL_S = 1.0
 LOW, HIGH, INITIAL = 0.3, 10.0, 2.0  # times the sustainable rate
 SETTLED_DELAY_INTERVALS = 2
 MIN_SETTLED_BATCHES = 5
@@ -91,7 +91,7 @@ def collect_into(outputs: dict[int, Counter[str]]) -> Callable[[Any, Any], None]
 def rate_source(ssc: Any, schedule: RateSchedule) -> Any:
     """dstream's rate source with the schedule's offered rate: the records that arrived by a
     batch time are the schedule's total then (the engine's own source has one fixed rate)."""
-    from dstream.sources import RateInputDStream
+    from dstream.connectors.rate import RateInputDStream
 
     class ScheduledRateStream(RateInputDStream):
         def _available(self, time_ms: int) -> list[int]:
@@ -228,7 +228,8 @@ def socket_words(records: int) -> Counter[str]:
 class Run:
     """One streaming run of the program: its batches as the system's listener reported them."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
         self.outputs: dict[int, Counter[str]] = {}
         self.started: dict[int, float] = {}  # batch time ms -> scheduling delay s
         self.batches: list[dict[str, Any]] = []
@@ -255,13 +256,11 @@ class Run:
 
 
 def spark_context(backpressure: bool, initial_rate: float | None) -> Any:
-    from dstream import pydaemon
     from pyspark import SparkContext
 
     from bench.systems import spark_conf
 
-    conf = spark_conf("local[2]", PARTITIONS)
-    conf.setAll(list(pydaemon.SPARK_CONF.items()))
+    conf = spark_conf("local[2]", PARTITIONS, "dstream.pydaemon")
     conf.set("spark.app.name", "dstream-bench-backpressure")
     # A receiver cuts a block every blockInterval, a partition each: 500 ms gives
     # pyspark.streaming's 1 s batches 2 partitions, as many as dstream's rate source has.
@@ -285,7 +284,7 @@ class DStreamRunner:
     def start(self, rate: float, run: Run) -> tuple[RateSchedule, Callable[[], dict[str, Any]]]:
         from dstream import StreamingContext
 
-        ssc = StreamingContext(self.sc, INTERVAL_S)
+        ssc = StreamingContext(self.sc, run.interval_s)
         schedule = RateSchedule(time.time(), rate)
         source = rate_source(ssc, schedule)
         word_counts(source).foreachRDD(collect_into(run.outputs))
@@ -323,6 +322,7 @@ class DStreamListener:
         self._run.completed(
             batch_row(
                 self._schedule,
+                self._run.interval_s,
                 t,
                 info.numRecords(),
                 info.processingDelay(),
@@ -335,6 +335,7 @@ class DStreamListener:
 
 def batch_row(
     schedule: RateSchedule,
+    interval_s: float,
     time_ms: int,
     records: int,
     processing_ms: int,
@@ -345,7 +346,7 @@ def batch_row(
     t = time_ms / 1000
     return {
         "time_s": t,
-        "offered": schedule.total(t) - schedule.total(t - INTERVAL_S),
+        "offered": schedule.total(t) - schedule.total(t - interval_s),
         "records": records,
         "processing_s": processing_ms / 1000,
         "scheduling_s": scheduling_ms / 1000,
@@ -366,7 +367,7 @@ class LegacyRunner:
         from pyspark.streaming import StreamingContext
 
         server = SocketServer(rate)
-        ssc = StreamingContext(self.sc, INTERVAL_S)
+        ssc = StreamingContext(self.sc, run.interval_s)
         lines = ssc.socketTextStream("127.0.0.1", server.port)
         word_counts(lines).foreachRDD(collect_into(run.outputs))
         ssc.addStreamingListener(legacy_listener(run, server, ssc))
@@ -415,6 +416,7 @@ def legacy_listener(run: Run, server: SocketServer, ssc: Any) -> Any:
             assert server.schedule is not None
             row = batch_row(
                 server.schedule,
+                run.interval_s,
                 t,
                 info.numRecords(),
                 info.processingDelay(),
@@ -431,12 +433,12 @@ def legacy_listener(run: Run, server: SocketServer, ssc: Any) -> Any:
 RUNNERS = {"dstream": DStreamRunner, "pyspark.streaming": LegacyRunner}
 
 
-def calibrate(system: str) -> CostModel:
+def calibrate(system: str, interval_s: float) -> CostModel:
     """The cost model of the program on `system`, backpressure off (see the module docstring).
     The first batches (Python workers starting, first jobs) are left out."""
     sc = spark_context(backpressure=False, initial_rate=None)
     try:
-        run = Run()
+        run = Run(interval_s)
         schedule, stop = RUNNERS[system](sc).start(CALIBRATION[0][0], run)
         run.wait_batches(3, 120)
         phases: list[tuple[float, float]] = list(CALIBRATION)
@@ -445,7 +447,7 @@ def calibrate(system: str) -> CostModel:
         for index in range(3):
             if index == 2:
                 model = fit_cost(samples)
-                rate = 0.6 * model.sustainable(INTERVAL_S) if model.fixed_s < INTERVAL_S else 0
+                rate = 0.6 * model.sustainable(interval_s) if model.fixed_s < interval_s else 0
                 phases.append((max(rate, 2 * CALIBRATION[1][0]), 8.0))
             rate, seconds = phases[index]
             at = math.ceil(time.time())
@@ -463,7 +465,7 @@ def calibrate(system: str) -> CostModel:
             system=system,
             fixed_s=model.fixed_s,
             per_record_s=model.per_record_s,
-            sustainable=model.sustainable(INTERVAL_S),
+            sustainable=model.sustainable(interval_s),
             samples=samples,
         )
         return model
@@ -483,11 +485,13 @@ def calibration_samples(
         ]
 
 
-def step(system: str, sustainable: float, low_s: float, overload_s: float) -> None:
+def step(
+    system: str, sustainable: float, low_s: float, overload_s: float, interval_s: float
+) -> None:
     """0.3x the sustainable rate, then 10x; report every batch and the output check."""
     sc = spark_context(backpressure=True, initial_rate=INITIAL * sustainable)
     try:
-        run = Run()
+        run = Run(interval_s)
         schedule, stop = RUNNERS[system](sc).start(LOW * sustainable, run)
         run.wait_batches(3, 120)  # the first batches start Python workers: not the low phase
         step_s = math.ceil(time.time() + low_s)
@@ -510,10 +514,10 @@ def step(system: str, sustainable: float, low_s: float, overload_s: float) -> No
             outputs, admitted, ended["expected"](), ended["handed_out"], ended["all_completed"]
         )
         first_ms = min(run.covered, default=round(step_s * 1000))
-        pending = pending_delays(run.covered, first_ms, ended["stopped_s"], INTERVAL_S)
+        pending = pending_delays(run.covered, first_ms, ended["stopped_s"], interval_s)
         delays = [(t / 1000, d) for t, d in run.started.items()] + pending
         settle = settle_time(
-            delays, step_s, SETTLED_DELAY_INTERVALS * INTERVAL_S, MIN_SETTLED_BATCHES
+            delays, step_s, SETTLED_DELAY_INTERVALS * interval_s, MIN_SETTLED_BATCHES
         )
         emit(
             event="run",
@@ -531,12 +535,12 @@ def step(system: str, sustainable: float, low_s: float, overload_s: float) -> No
         sc.stop()
 
 
-def worker(system: str, low_s: float, overload_s: float) -> int:
-    model = calibrate(system)
-    if model.fixed_s >= INTERVAL_S:
+def worker(system: str, args: argparse.Namespace) -> int:
+    model = calibrate(system, args.interval_s)
+    if model.fixed_s >= args.interval_s:
         emit(event="unsustainable", system=system, fixed_s=model.fixed_s)
         return 0
-    step(system, model.sustainable(INTERVAL_S), low_s, overload_s)
+    step(system, model.sustainable(args.interval_s), args.low_s, args.overload_s, args.interval_s)
     return 0
 
 
@@ -548,20 +552,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--low-s", type=float, default=10.0, help="seconds at 0.3x before the step")
     parser.add_argument("--overload-s", type=float, default=40.0, help="seconds at 10x")
+    parser.add_argument(
+        "--interval-s",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        help="batch interval of both systems (longer when pyspark.streaming's fixed cost per "
+        "batch exceeds 1 s on a loaded machine)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--docs-png", type=Path, help="also draw dstream's run alone here")
     parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.worker, args.low_s, args.overload_s)
+        return worker(args.worker, args)
     from bench.backpressure_report import write_report
 
     command = "python -m bench.backpressure " + " ".join(argv if argv is not None else sys.argv[1:])
-    results = {"systems": {}, "command": command.strip()}
+    results = {"systems": {}, "command": command.strip(), "interval_s": args.interval_s}
     for system in args.systems.split(","):
         results["systems"][system] = run_worker(system, args)
-    write_report(results, args.out, args.docs_png)
-    return 0
+    report = write_report(results, args.out, args.docs_png)
+    failed = [name for name, result in results["systems"].items() if result["returncode"]]
+    for name in failed:
+        print(f"{name}'s worker failed: {args.out}/logs/backpressure-{name}.log", file=sys.stderr)
+    print(f"wrote {report}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def run_worker(system: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -578,6 +593,8 @@ def run_worker(system: str, args: argparse.Namespace) -> dict[str, Any]:
         str(args.low_s),
         "--overload-s",
         str(args.overload_s),
+        "--interval-s",
+        str(args.interval_s),
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log_path = args.out / "logs" / f"backpressure-{system}.log"

@@ -10,6 +10,7 @@ from typing import Any
 from bench.machine import describe_machine
 
 SETTLE_LIMIT = "2 intervals"
+QUIET_OTHER_CORES = 0.25
 TRANSIENT_S = 5  # admitted rate in overload: batches from this long after the step on
 
 
@@ -65,12 +66,12 @@ def peak_feed_rate(batches: list[dict[str, Any]]) -> float:
     return best
 
 
-def not_measured(summary: dict[str, Any]) -> str:
+def not_measured(summary: dict[str, Any], interval_s: float) -> str:
     calibration = summary.get("calibration")
-    if calibration is not None and calibration["fixed_s"] >= 1:
+    if calibration is not None and calibration["fixed_s"] >= interval_s:
         return (
             f"none: a batch costs {calibration['fixed_s']:.2f} s whatever its size, "
-            "more than the 1 s interval"
+            f"more than the {interval_s:g} s interval"
         )
     return "not measured (see the worker's log)"
 
@@ -83,6 +84,20 @@ def settle_text(summary: dict[str, Any]) -> str:
     return f"{summary['settle_s']:.0f} s"
 
 
+def shared_text(summaries: list[dict[str, Any]]) -> str:
+    """What the load samples say about the machine, in one line."""
+    busiest = max((s.get("other_cores", (0.0, 0.0))[0] for s in summaries), default=0.0)
+    if busiest < QUIET_OTHER_CORES:
+        return (
+            f"- Quiet: other processes used under {QUIET_OTHER_CORES} cores on average during "
+            "each run."
+        )
+    return (
+        f"- **Shared**: other processes used up to {busiest:.2f} cores on average during a "
+        "run (below); the figures are this machine at that moment, not a quiet machine's."
+    )
+
+
 def markdown(results: dict[str, Any], summaries: list[dict[str, Any]], png: str) -> str:
     machine = results["machine"]
     lines = [
@@ -90,16 +105,15 @@ def markdown(results: dict[str, Any], summaries: list[dict[str, Any]], png: str)
         "",
         f"Produced by `{results['command']}`; method "
         "in bench/README.md. Each system's offered rate steps from 0.3x to 10x the rate it "
-        "sustains, measured by a calibration in the same run.",
+        f"sustains, measured by a calibration in the same run. Batch interval: "
+        f"{results['interval_s']:g} s for both.",
         "",
         "## Machine",
         "",
         f"- {machine['cores']} cores ({machine['cpu']}), {machine['memory_gb']} GB memory, "
         f"{machine['os']}",
         f"- Python {machine['python']}, PySpark {machine['pyspark']}, {machine['java']}",
-        "- **Shared**: several engineers ran builds and tests on this machine during the run. "
-        "The load below is what each system competed with; its figures are this machine at "
-        "that moment, not a quiet machine's.",
+        shared_text(summaries),
         "",
         "| system | 1-min load during its run | cores used by other processes (mean, max) |",
         "| --- | --- | --- |",
@@ -126,7 +140,7 @@ def markdown(results: dict[str, Any], summaries: list[dict[str, Any]], png: str)
     for s in summaries:
         calibration, step = s.get("calibration"), s.get("step")
         if calibration is None or step is None:
-            lines.append(f"| {s['system']} | {not_measured(s)} | | | | | |")
+            lines.append(f"| {s['system']} | {not_measured(s, results['interval_s'])} | | | | | |")
             continue
         sustainable = calibration["sustainable"]
         check = "passed" if not s["problems"] else "FAILED: " + "; ".join(s["problems"])
@@ -198,7 +212,7 @@ def plot(results: dict[str, Any], systems: list[str], path: Path) -> None:
         delay.plot(x, [b["scheduling_s"] for b in batches], ".-", label="scheduling delay")
         if pending:
             delay.plot(*zip(*pending, strict=True), "rx", label="due, not started")
-        delay.axhline(2, color="grey", linestyle="--", label="2 intervals")
+        delay.axhline(2 * results["interval_s"], color="grey", linestyle="--", label="2 intervals")
         delay.set_ylabel("scheduling delay (s)")
         delay.set_xlabel("seconds since the step to 10x")
         delay.legend(loc="upper right", fontsize="small")
@@ -218,10 +232,10 @@ def write_report(results: dict[str, Any], out: Path, docs_png: Path | None) -> P
     stem = out / f"backpressure-{results['date']}"
     systems = list(results["systems"])
     summaries = [summarize(system, results["systems"][system]) for system in systems]
+    stem.with_suffix(".json").write_text(json.dumps(results, indent=1))
     png = stem.with_suffix(".png")
     plot(results, systems, png)
     if docs_png is not None and "dstream" in systems:
         plot(results, ["dstream"], docs_png)
-    stem.with_suffix(".json").write_text(json.dumps(results, indent=1))
     stem.with_suffix(".md").write_text(markdown(results, summaries, png.name))
     return stem.with_suffix(".md")

@@ -60,19 +60,28 @@ def _busy_seconds() -> float:
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
-def _tree_seconds(root: psutil.Process) -> float:
-    total = 0.0
+def _tree_times(root: psutil.Process) -> dict[tuple[int, float], float]:
+    """CPU seconds of each live process of the benchmark's tree, keyed by (pid, create time)."""
     try:
         processes = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return total
+        return {}
+    found = {}
     for process in processes:
         try:
             t = process.cpu_times()
+            found[(process.pid, process.create_time())] = t.user + t.system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+    return found
+
+
+def _tree_delta(
+    before: dict[tuple[int, float], float], now: dict[tuple[int, float], float]
+) -> float:
+    """CPU the tree used between two samples, per process, so that a process ending between them
+    (a Python worker, a JVM) does not make the tree's total drop and others' CPU jump."""
+    return sum(seconds - before.get(key, 0.0) for key, seconds in now.items())
 
 
 class LoadMonitor:
@@ -95,10 +104,11 @@ class LoadMonitor:
 
     def _loop(self) -> None:
         began = last_t = time.monotonic()
-        last_busy, last_tree = _busy_seconds(), _tree_seconds(self._root)
+        last_busy, last_tree = _busy_seconds(), _tree_times(self._root)
         while not self._stop.wait(self._period):
-            now, busy, tree = time.monotonic(), _busy_seconds(), _tree_seconds(self._root)
-            others = max(0.0, (busy - last_busy) - (tree - last_tree)) / max(1e-3, now - last_t)
+            now, busy, tree = time.monotonic(), _busy_seconds(), _tree_times(self._root)
+            used = _tree_delta(last_tree, tree)
+            others = max(0.0, (busy - last_busy) - used) / max(1e-3, now - last_t)
             self.samples.append(LoadSample(round(now - began, 2), os.getloadavg()[0], others))
             last_t, last_busy, last_tree = now, busy, tree
 

@@ -72,14 +72,15 @@ def fill(url: str, records: int) -> None:
             pipe.execute()
 
 
-def wordcount_seconds(ssc: StreamingContext, source: InputDStream, records: int) -> float:
-    """Plan one batch of every record and count its words; the seconds it took."""
+def wordcount(source: InputDStream, records: int) -> tuple[float, dict[str, int]]:
+    """Plan one batch of every record and count its words: the seconds it took, and the counts
+    (checked against the other source's before either time counts)."""
     started = time.perf_counter()
     planned = source.plan(1000, None)
     assert source.records_in(planned) == records
     counts = source.compute(1000).mapPartitions(tasks.count_words).reduceByKey(operator.add)
-    counts.count()
-    return time.perf_counter() - started
+    found = dict(counts.collect())
+    return time.perf_counter() - started, found
 
 
 def main() -> None:
@@ -108,9 +109,13 @@ def main() -> None:
             for _ in range(args.trials + 1):  # the first round warms up the Python workers
                 ssc = StreamingContext(sc, 1, clock=ManualClock())
                 rate = RateInputDStream(ssc, records, PARTITIONS, SEED, RECORD_BYTES)
-                seconds["rate"].append(wordcount_seconds(ssc, rate, records))
+                rate_s, expected = wordcount(rate, records)
                 source = RedisInputDStream(ssc, url, ["lines"], field="line")
-                seconds["redis"].append(wordcount_seconds(ssc, source, records))
+                redis_s, found = wordcount(source, records)
+                if found != expected:
+                    raise SystemExit("the Redis-sourced counts differ from the rate source's")
+                seconds["rate"].append(rate_s)
+                seconds["redis"].append(redis_s)
         finally:
             server.terminate()
             server.wait()
