@@ -3,6 +3,7 @@ controller with fake times, and how sources spend a record budget."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -234,3 +235,22 @@ def test_file_source_admits_whole_files_up_to_the_budget(ssc, tmp_path):
     assert source.backlog(1000) == 30
     second = source.plan(2000, 10)  # one file larger than the budget still goes, whole
     assert second["files"] == ["c"]
+
+
+def test_batches_overrunning_the_interval_at_the_floor_are_warned_about_once(caplog):
+    slow = controller(initial=100)
+    with caplog.at_level(logging.WARNING, logger="dstream.rate"):
+        for batch in range(1, 8):
+            slow.update(batch * BATCH_MS, 100, 2 * BATCH_MS, BATCH_MS)
+    assert slow.rate_limit == 100
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "fixed cost of a batch exceeds the interval" in warnings[0]
+
+
+def test_an_overrun_above_the_floor_is_no_such_warning(caplog):
+    busy = controller(initial=50_000)
+    with caplog.at_level(logging.WARNING, logger="dstream.rate"):
+        for batch in range(1, 4):
+            busy.update(batch * BATCH_MS, 50_000, 2 * BATCH_MS, 0)
+    assert busy.rate_limit > 100
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]

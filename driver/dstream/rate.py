@@ -13,8 +13,12 @@ restores it, while a real overload still halves the rate every batch until it fi
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+SLOW_AT_FLOOR_BATCHES = 3  # batches over the interval at minRate before the warning
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,7 @@ class RateController:
         self.max_rate = max_rate
         self._rate = self._capped(initial_rate)
         self._warmed_up = False
+        self._slow_at_floor = 0
         self._lock = threading.Lock()
 
     def _capped(self, rate: float | None) -> float | None:
@@ -160,3 +165,27 @@ class RateController:
                 new_rate = min(self._rate, self.estimator.latest_rate)
             if new_rate is not None:
                 self._rate = self._capped(new_rate)
+            self._watch_floor(records, processing_ms)
+
+    def _watch_floor(self, records: int, processing_ms: int) -> None:
+        """Warn once per episode when batches overrun the interval although the limit sits at
+        minRate: then a batch's fixed cost, not its records, is what is too slow, and no rate
+        limit can help; the user must lengthen the interval or give the job more cores."""
+        interval_ms = self.estimator.batch_interval_ms
+        at_floor = self._rate is not None and self._rate <= self.estimator.min_rate
+        if not (at_floor and processing_ms > interval_ms):
+            self._slow_at_floor = 0
+            return
+        self._slow_at_floor += 1
+        if self._slow_at_floor == SLOW_AT_FLOOR_BATCHES:
+            log.warning(
+                "%d batches in a row took longer than the %.1f s interval at the rate floor "
+                "(minRate %g records/s; the last: %d records in %.1f s): the fixed cost of a "
+                "batch exceeds the interval, so backpressure cannot keep up; lengthen the "
+                "batch interval (batchInterval) or give the job more executor cores",
+                SLOW_AT_FLOOR_BATCHES,
+                interval_ms / 1000,
+                self.estimator.min_rate,
+                records,
+                processing_ms / 1000,
+            )
