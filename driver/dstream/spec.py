@@ -14,6 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -175,6 +176,7 @@ def _url_without_password(url: str) -> str:
     return url
 
 
+UrlWithoutPassword = Annotated[str, AfterValidator(_url_without_password)]
 REDIS_URL_PATTERN = r"^(redis|rediss|unix)://"
 NATS_URL_PATTERN = r"^(nats|tls|ws|wss)://"
 StartFrom = Literal["earliest", "latest"]
@@ -183,18 +185,15 @@ StartFrom = Literal["earliest", "latest"]
 class RedisSource(SpecModel):
     """Redis Streams (Redis 7 or later): each batch is a recorded entry-ID range per stream."""
 
-    url: str = Field(pattern=REDIS_URL_PATTERN, description="e.g. redis://127.0.0.1:6379/0")
+    url: UrlWithoutPassword = Field(
+        pattern=REDIS_URL_PATTERN, description="e.g. redis://127.0.0.1:6379/0"
+    )
     streams: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
     field: str | None = Field(
         None, min_length=1, description="Entry field holding the record; unset: all fields."
     )
     start_from: StartFrom = "earliest"
     password_secret: SecretKeyRef | None = None
-
-    @field_validator("url")
-    @classmethod
-    def _no_password(cls, url: str) -> str:
-        return _url_without_password(url)
 
     @field_validator("streams")
     @classmethod
@@ -207,18 +206,15 @@ class RedisSource(SpecModel):
 class NatsSource(SpecModel):
     """NATS JetStream: each batch is a recorded range of stream sequence numbers."""
 
-    url: str = Field(pattern=NATS_URL_PATTERN, description="e.g. nats://127.0.0.1:4222")
+    url: UrlWithoutPassword = Field(
+        pattern=NATS_URL_PATTERN, description="e.g. nats://127.0.0.1:4222"
+    )
     stream: str = Field(min_length=1, pattern=r"^[^.*>\s]+$")
     subjects: list[Annotated[str, Field(min_length=1)]] = Field(
         default_factory=list, description="Read only messages on these subjects (wildcards ok)."
     )
     start_from: StartFrom = "earliest"
     password_secret: SecretKeyRef | None = None
-
-    @field_validator("url")
-    @classmethod
-    def _no_password(cls, url: str) -> str:
-        return _url_without_password(url)
 
 
 class Source(SpecModel):
