@@ -1,7 +1,8 @@
 """Exactly-once end to end: a broker -> `dstream run` (WordCount) -> PostgreSQL, while the driver is
 SIGKILLed at seeded points and restarted, and the broker itself is restarted once mid-run.
 
-A producer writes seeded lines into Redis (or JetStream) at a steady pace. The driver runs as a
+The job is examples/redis-wordcount.yaml pointed at the test's servers (the JetStream run swaps
+its source). A producer writes seeded lines into Redis (or JetStream) at a steady pace. The driver runs as a
 subprocess in its own process group (tests/fault/harness.py) and is killed: once by the fault
 hook right before a batch's commit marker (PostgreSQL has committed the batch, the checkpoint
 has not: the replay must write nothing), the other times whole-group after a seeded number of
@@ -29,8 +30,9 @@ import psycopg
 import pytest
 import redis
 import yaml
+from dstream.spec import password_env
 from fault.harness import Driver
-from postgres_server import PostgresServer, running_postgres
+from postgres_server import SECRET_PASSWORD, SECRET_ROLE, PostgresServer, running_postgres
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -39,6 +41,8 @@ RATE = int(os.environ.get("DSTREAM_E2E_RATE", "100"))  # records per second from
 KILLS = int(os.environ.get("DSTREAM_E2E_KILLS", "2"))
 SEED = int(os.environ.get("DSTREAM_E2E_SEED", "14"))
 WORDS = [f"w{i:02d}" for i in range(40)]
+LOGIN = {password_env("postgres"): SECRET_PASSWORD}
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "redis-wordcount.yaml"
 CHUNK = 50
 START_TIMEOUT_S = 180
 DRAIN_TIMEOUT_S = 120 + RECORDS / 1000
@@ -46,7 +50,12 @@ DRAIN_TIMEOUT_S = 120 + RECORDS / 1000
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[PostgresServer]:
-    yield from running_postgres()
+    """The server, with the role the jobs log in as by password (the example's passwordSecret)."""
+    for server in running_postgres():
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            conn.execute(f"CREATE ROLE {SECRET_ROLE} LOGIN PASSWORD '{SECRET_PASSWORD}'")
+            conn.execute(f"CREATE SCHEMA AUTHORIZATION {SECRET_ROLE}")
+        yield server
 
 
 class Producer:
@@ -78,28 +87,30 @@ class Producer:
         return dict(Counter(word for line in self.written for word in line.split()))
 
 
+def example_job() -> dict:
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
 def write_job(root: Path, name: str, source: dict, postgres: PostgresServer) -> Path:
-    document = {
-        "apiVersion": "dstream.dev/v1alpha1",
-        "kind": "StreamingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "batchInterval": "1s",
-            "app": {"builtin": "wordcount"},
-            "source": source,
-            "sink": {
-                "type": "postgres",
-                "postgres": {"dsn": postgres.dsn(), "table": name.replace("-", "_")},
-            },
-            "checkpoint": {"path": str(root / "checkpoint")},
-            "backpressure": {"enabled": True, "initialRate": 2000},
-            "sparkConf": {"spark.default.parallelism": "1"},
-        },
-    }
+    """examples/redis-wordcount.yaml, so that the example is what runs, pointed at the test's
+    servers and checkpoint; it logs in to PostgreSQL as a role that needs its password
+    (`LOGIN` below carries it, as the example's passwordSecret does on Kubernetes)."""
+    document = example_job()
+    document["metadata"]["name"] = name
+    spec = document["spec"]
+    spec["source"] = source
+    spec["sink"]["postgres"].update(dsn=postgres.dsn(SECRET_ROLE), table=table_of(name))
+    spec["checkpoint"] = {"path": str(root / "checkpoint")}
+    spec["backpressure"]["initialRate"] = 2000
+    spec["sparkConf"] = {"spark.default.parallelism": "1"}
     root.mkdir(parents=True, exist_ok=True)
     manifest = root / "job.yaml"
     manifest.write_text(yaml.safe_dump(document))
     return manifest
+
+
+def table_of(job: str) -> str:
+    return f"{SECRET_ROLE}.{job.replace('-', '_')}"
 
 
 def table_counts(postgres: PostgresServer, table: str) -> dict[str, int]:
@@ -134,13 +145,13 @@ def run_with_kills(
     log = root / "driver.log"
     hook = {"DSTREAM_FAULT_INJECT": f"before-commit:{rng.randint(2, 4)}"}
     for kill in range(KILLS):
-        driver = Driver(manifest, env=hook if kill == 0 else {}, log=log).start()
+        driver = Driver(manifest, env=LOGIN | (hook if kill == 0 else {}), log=log).start()
         if kill == 0:
             assert driver.wait(START_TIMEOUT_S) != 0  # killed itself at the hook
         else:
             wait_for_batches(driver, rng.randint(1, 4))
             driver.kill()
-    driver = Driver(manifest, log=log).start()
+    driver = Driver(manifest, env=LOGIN, log=log).start()
     try:
         wait_for_batches(driver, 1)
         restart_broker()  # while this driver reads: retried, nothing lost
@@ -178,13 +189,12 @@ def test_redis_to_postgres_exactly_once_through_kills_and_a_broker_restart(
             except redis.ConnectionError:
                 time.sleep(0.1)
 
-    source = {
-        "type": "redis",
-        "redis": {"url": redis_server.url, "streams": [stream], "field": "line"},
-    }
+    source = example_job()["spec"]["source"]
+    source["redis"].update(url=redis_server.url, streams=[stream])
     manifest = write_job(tmp_path, "redis-wc", source, postgres)
     producer = Producer(SEED, write)
-    run_with_kills(tmp_path, manifest, redis_server.restart, producer, "redis_wc", postgres)
+    table = table_of("redis-wc")
+    run_with_kills(tmp_path, manifest, redis_server.restart, producer, table, postgres)
 
 
 def test_jetstream_to_postgres_exactly_once_through_kills_and_a_broker_restart(
@@ -220,4 +230,5 @@ def test_jetstream_to_postgres_exactly_once_through_kills_and_a_broker_restart(
     source = {"type": "nats", "nats": {"url": nats_server.url, "stream": stream}}
     manifest = write_job(tmp_path, "nats-wc", source, postgres)
     producer = Producer(SEED + 1, write)
-    run_with_kills(tmp_path, manifest, nats_server.restart, producer, "nats_wc", postgres)
+    table = table_of("nats-wc")
+    run_with_kills(tmp_path, manifest, nats_server.restart, producer, table, postgres)
