@@ -67,6 +67,10 @@ bench-quick: setup $(BENCH_STAMP)
 bench-backpressure: setup $(BENCH_STAMP)
 	$(BIN)/python -m bench.backpressure --docs-png docs/backpressure-step.png $(BENCH_ARGS)
 
+# The CRD is generated from the job-spec model (tests/operator/test_crd.py checks they agree).
+crd: setup
+	$(BIN)/python -m dstream_operator.crd > crds/streamingjob.yaml
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -3,11 +3,13 @@ state tracking, file streams, lifecycle and pyspark.streaming compatibility deta
 
 from __future__ import annotations
 
+import os
 import warnings
 from datetime import datetime
 
 import pytest
 from dstream import StreamingContext
+from dstream.failure import BatchFailedError, FailurePolicy
 from dstream.sources import split_budget
 from streams import BATCH_TIMEOUT_S, collect, manual_context, run_batches, run_op
 
@@ -60,27 +62,81 @@ def test_slice_returns_retained_rdds_of_a_time_range(sc):
     assert [r.collect() for r in stream.slice(1.5, 2.5)] == [[1], [2]]
 
 
-def test_failing_function_fails_its_batch_and_later_batches_run(sc):
-    ssc = manual_context(sc)
-    results = []
+def start_with_policy(ssc: StreamingContext, policy: FailurePolicy) -> None:
+    """Start on the manual clock with a failure policy (a job sets it through its spec or
+    `spark.dstream.failurePolicy.*`; the session's SparkContext is shared, so tests set it here
+    before the first batch time comes)."""
+    ssc.start()
+    ssc._scheduler.failure_policy = policy
 
-    def explode_on_two(x):
+
+def explode_on_two(attempts_to_fail: int | None):
+    """A map function that fails on the record 2, for its first `attempts_to_fail` attempts
+    (None: always). Attempts are counted in a file: tasks run in Python workers."""
+
+    def explode(x: int, counter: str) -> int:
         if x == 2:
-            raise ValueError("This is a special error")
+            with open(counter, "a") as seen:
+                seen.write("x")
+            if attempts_to_fail is None or os.path.getsize(counter) <= attempts_to_fail:
+                raise ValueError("This is a special error")
         return x
 
-    ssc.queueStream([[1], [2], [3]]).map(explode_on_two).foreachRDD(
+    return explode
+
+
+def failing_context(sc, tmp_path, attempts_to_fail: int | None):
+    ssc = manual_context(sc)
+    results = []
+    counter = str(tmp_path / "attempts")
+    explode = explode_on_two(attempts_to_fail)
+    ssc.queueStream([[1], [2], [3]]).map(lambda x: explode(x, counter)).foreachRDD(
         lambda rdd: results.append(rdd.collect())
     )
-    ssc.start()
+    return ssc, results
+
+
+def test_with_skip_a_failing_batch_is_committed_with_its_error_and_later_batches_run(sc, tmp_path):
+    """pyspark.streaming's behaviour, which dstream keeps only when asked (onExhausted: skip)."""
+    ssc, results = failing_context(sc, tmp_path, None)
+    start_with_policy(ssc, FailurePolicy(retries=0, on_exhausted="skip"))
     for _ in range(3):
         advance_one(ssc)
     with pytest.raises(Exception, match="This is a special error"):
         ssc.awaitTerminationOrTimeout(5)
     assert results == [[1], [3]]
     failed = [i for i in ssc._scheduler.history if i.error]
-    assert [i.batch_time_ms for i in failed] == [2000]
+    assert [(i.batch_time_ms, i.skipped) for i in failed] == [(2000, True)]
     assert ssc.awaitTerminationOrTimeout(0.1) is False
+    ssc.stop(stopSparkContext=False)
+
+
+def test_a_failing_batch_is_retried_until_it_succeeds(sc, tmp_path):
+    ssc, results = failing_context(sc, tmp_path, 2)
+    start_with_policy(ssc, FailurePolicy(retries=3, backoff_s=0.05))
+    for _ in range(3):
+        advance_one(ssc)
+    assert results == [[1], [2], [3]]
+    assert [(i.retries, i.error) for i in ssc._scheduler.history] == [
+        (0, None),
+        (2, None),
+        (0, None),
+    ]
+    ssc.stop(stopSparkContext=False)
+
+
+def test_when_the_retries_are_spent_the_run_stops_with_the_batch_uncommitted(sc, tmp_path):
+    ssc, results = failing_context(sc, tmp_path, None)
+    start_with_policy(ssc, FailurePolicy(retries=2, backoff_s=0.05))
+    advance_one(ssc)
+    ssc._clock.advance(ssc._batch_ms)
+    with pytest.raises(BatchFailedError, match=r"failed after 2 retries and was not committed"):
+        ssc.awaitTerminationOrTimeout(60)
+    ssc._clock.advance(ssc._batch_ms)  # batch 3 is due: no runner takes it
+    assert results == [[1]]
+    (ok, failed) = ssc._scheduler.history
+    assert (failed.batch_time_ms, failed.retries, failed.skipped) == (2000, 2, False)
+    assert "This is a special error" in failed.error
     ssc.stop(stopSparkContext=False)
 
 

@@ -242,3 +242,23 @@ def test_bad_broker_settings_name_the_field(kind, fields, field):
     with pytest.raises(SpecError) as error:
         parse_job(broker_source(kind, **fields))
     assert any(problem.startswith(field) for problem in error.value.problems), error.value
+
+
+def test_the_failure_policy_defaults_to_retrying_then_stopping():
+    policy = parse_job(WORDCOUNT).spec.failure_policy
+    assert (policy.retries, policy.backoff_seconds, policy.on_exhausted) == (5, 1.0, "stop")
+
+
+@pytest.mark.parametrize(
+    ("policy", "field"),
+    [
+        ({"retries": -1}, "spec.failurePolicy.retries"),
+        ({"backoffSeconds": 0}, "spec.failurePolicy.backoffSeconds"),
+        ({"onExhausted": "ignore"}, "spec.failurePolicy.onExhausted"),
+        ({"retry": 3}, "spec.failurePolicy.retry"),
+    ],
+)
+def test_a_bad_failure_policy_names_the_field(policy, field):
+    with pytest.raises(SpecError) as error:
+        parse_job(with_change("spec.failurePolicy", policy))
+    assert any(problem.startswith(field) for problem in error.value.problems), error.value

@@ -19,6 +19,7 @@ from dstream.spec import Checkpoint, SpecError, StreamingJob, load_job
 EXIT_INVALID = 2
 EXIT_CHECKPOINT_MISMATCH = 3
 EXIT_SOURCE_ERROR = 4
+EXIT_BATCH_FAILED = 5
 
 
 def _conf_pair(text: str) -> tuple[str, str]:
@@ -111,6 +112,7 @@ def run_job(args: argparse.Namespace) -> int:
     refuse_open_api_or_exit(args)
     if args.checkpoint:
         job.spec.checkpoint = with_path(job.spec.checkpoint, args.checkpoint)
+    from dstream.failure import BatchFailedError
     from dstream.job import JobRuntime, ProgressPrinter
     from dstream.sources import SourceError
 
@@ -156,6 +158,9 @@ def run_job(args: argparse.Namespace) -> int:
     except SourceError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_SOURCE_ERROR
+    except BatchFailedError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BATCH_FAILED
     finally:
         if server is not None:
             server.should_exit = True

@@ -28,6 +28,7 @@ from dstream.clock import ManualClock, SystemClock
 from dstream.connectors.files import FileInputDStream
 from dstream.connectors.rate import RateInputDStream
 from dstream.dstream import DStream, MultiTransformedDStream, UnionDStream
+from dstream.failure import FailurePolicy
 from dstream.graph import DStreamGraph
 from dstream.rate import PIDRateEstimator, RateController
 from dstream.scheduler import BatchScheduler
@@ -277,7 +278,12 @@ class StreamingContext:
         if self._state == "stopped":
             raise RuntimeError("StreamingContext has already been stopped")
         self._scheduler = BatchScheduler(
-            self, self._graph, self._clock, self._checkpoint_dir, self._rate_controllers()
+            self,
+            self._graph,
+            self._clock,
+            self._checkpoint_dir,
+            self._rate_controllers(),
+            FailurePolicy.from_conf(self._sc.getConf()),
         )
         for listener in self._pending_listeners:
             self._scheduler.add_listener(listener)
@@ -286,7 +292,8 @@ class StreamingContext:
         StreamingContext._activeContext = self
 
     def _report_error(self, error: BaseException) -> None:
-        """A failed batch: kept for awaitTermination* to raise; later batches still run."""
+        """A failed batch: kept for awaitTermination* to raise. After a skipped batch later
+        batches still run; after a BatchFailedError (failure.py) none does."""
         self._error = error
         self._terminated.set()
 

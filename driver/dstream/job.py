@@ -19,6 +19,7 @@ from dstream.apps import build_app
 from dstream.checkpoint import move_checkpoint_aside
 from dstream.connectors import create_sink, create_source
 from dstream.context import StreamingContext
+from dstream.failure import BatchFailedError
 from dstream.metrics import StreamingMetrics
 from dstream.scheduler import BatchInfo
 from dstream.sources import SourceError
@@ -42,6 +43,9 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
         "spark.streaming.backpressure.pid.derived": str(spec.backpressure.pid.derivative),
         "spark.streaming.backpressure.pid.minRate": str(spec.backpressure.min_rate),
         "spark.dstream.backpressure.maxStep": str(spec.backpressure.max_step),
+        "spark.dstream.failurePolicy.retries": str(spec.failure_policy.retries),
+        "spark.dstream.failurePolicy.backoffSeconds": str(spec.failure_policy.backoff_seconds),
+        "spark.dstream.failurePolicy.onExhausted": spec.failure_policy.on_exhausted,
         "spark.speculation": str(spec.speculation.enabled).lower(),
         "spark.speculation.multiplier": str(spec.speculation.multiplier),
         "spark.speculation.quantile": str(spec.speculation.quantile),
@@ -152,9 +156,10 @@ class JobRuntime:
         self.ssc.start()
 
     def run_until_stopped(self, duration_s: float | None = None) -> None:
-        """Block until a stop is requested or `duration_s` passes; batch errors are logged, but
-        a SourceError (input unreachable or lost) stops the job and is raised: going on would
-        quietly change its output."""
+        """Block until a stop is requested or `duration_s` passes. A batch that failed for good
+        (BatchFailedError) stops the job and is raised, as is a SourceError (input unreachable
+        or lost): going on would quietly change the job's output. A skipped batch's error is
+        logged."""
         deadline = None if duration_s is None else time.monotonic() + duration_s
         while not self.stop_requested:
             if deadline is not None and time.monotonic() >= deadline:
@@ -163,9 +168,13 @@ class JobRuntime:
                 if self.ssc.awaitTerminationOrTimeout(0.5):
                     break
             except Exception as error:
-                if is_source_error(error):
+                cause = error.__cause__ if isinstance(error, BatchFailedError) else error
+                if cause is not None and is_source_error(cause):
                     self.stop()
-                    raise SourceError(source_error_text(error)) from error
+                    raise SourceError(source_error_text(cause)) from error
+                if isinstance(error, BatchFailedError):
+                    self.stop()
+                    raise
                 log.error("batch failed: %s", error)
         self.stop()
 

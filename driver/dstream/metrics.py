@@ -74,7 +74,21 @@ class StreamingMetrics:
         ).labels(job=job)
         self.failed_batches = Counter(
             "dstream_failed_batches_total",
-            "Batches whose output jobs failed.",
+            "Batches whose output failed for good, after every retry (then the driver stops, "
+            "or with onExhausted: skip the batch is skipped).",
+            ["job"],
+            registry=registry,
+        ).labels(job=job)
+        self.batch_retries = Counter(
+            "dstream_batch_retries_total",
+            "Output operations run again after failing (spec.failurePolicy.retries).",
+            ["job"],
+            registry=registry,
+        ).labels(job=job)
+        self.skipped_batches = Counter(
+            "dstream_skipped_batches_total",
+            "Batches that failed for good and were committed without their output "
+            "(failurePolicy onExhausted: skip); their input ranges are in the commit marker.",
             ["job"],
             registry=registry,
         ).labels(job=job)
@@ -139,6 +153,9 @@ class StreamingMetrics:
         self.batches_completed.inc()
         if info.error is not None:
             self.failed_batches.inc()
+        self.batch_retries.inc(info.retries)
+        if info.skipped:
+            self.skipped_batches.inc()
         self.coalesced_batches.inc(len(info.coalesced))
         for source, records in info.records.items():
             self.input_records.labels(job=self.job, source=source).inc(records)

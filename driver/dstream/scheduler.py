@@ -39,6 +39,7 @@ from dstream.checkpoint import (
     compare_signatures,
     fault_point,
 )
+from dstream.failure import BatchFailedError, FailurePolicy
 from dstream.timeutil import datetime_of
 
 if TYPE_CHECKING:
@@ -64,6 +65,9 @@ class BatchInfo:
     processing_end_ms: int | None = None
     error: str | None = None
     coalesced: list[int] = field(default_factory=list)  # earlier due times merged into this one
+    ranges: dict[str, Any] = field(default_factory=dict)  # each source's recorded input range
+    retries: int = 0  # output operations run again after failing (failure.py)
+    skipped: bool = False  # failed for good, committed as skipped (failurePolicy onExhausted)
     state_checkpoints: dict[str, Any] = field(default_factory=dict)
     checkpoint_seconds: float | None = None  # writing the batch record + commit marker
 
@@ -99,6 +103,8 @@ class BatchInfo:
             "processingSeconds": _seconds(self.processingDelay()),
             "totalDelaySeconds": _seconds(self.totalDelay()),
             "coalescedBatches": len(self.coalesced),
+            "retries": self.retries,
+            "skipped": self.skipped,
             "error": self.error,
         }
 
@@ -135,12 +141,14 @@ class BatchScheduler:
         clock: SystemClock | ManualClock,
         checkpoint: CheckpointDir | None,
         rate_controllers: dict[str, RateController],
+        failure_policy: FailurePolicy | None = None,
     ):
         self._ssc = ssc
         self._graph = graph
         self.clock = clock
         self._checkpoint = checkpoint
         self.rate_controllers = rate_controllers
+        self.failure_policy = failure_policy or FailurePolicy()
         self._due: deque[int] = deque()  # batch times whose time has come, not yet started
         self._replays: deque[BatchInfo] = deque()  # uncommitted batches found at recovery
         self._wakeup = threading.Condition()
@@ -241,6 +249,7 @@ class BatchScheduler:
                 dict(record.get("rateLimits", {})),
                 kind="replayed",
                 coalesced=list(record.get("coalesced", [])),
+                ranges=dict(record["ranges"]),
             )
             self._replays.append(info)
         last = found.last_time if found.last_time is not None else self._graph.zero_ms
@@ -369,7 +378,8 @@ class BatchScheduler:
                     log.exception("planning batch %s failed", datetime_of(taken[-1]))
                     self._ssc._report_error(error)
                     return
-            self._run(info)
+            if not self._run(info):
+                return
             if self.state == "recovering" and not self._replays:
                 self.state = "running"
 
@@ -418,57 +428,134 @@ class BatchScheduler:
             limits,
             kind="catch-up" if late else "live",
             coalesced=coalesced,
+            ranges=ranges,
             checkpoint_seconds=checkpoint_seconds,
         )
         self._notify("onBatchSubmitted", info)
         return info
 
-    def _run(self, info: BatchInfo) -> None:
+    def _run(self, info: BatchInfo) -> bool:
+        """Run the batch's outputs under the failure policy and commit it. False when it failed
+        for good (or while stopping) and stays uncommitted: the runner ends, and a restart runs
+        the batch again from its record."""
         time_ms = info.batch_time_ms
         info.processing_start_ms = self.clock.now_ms()
         self.current = info
         self._notify("onBatchStarted", info)
         sc = self._ssc.sparkContext
         sc.setJobGroup(f"dstream-batch-{time_ms}", f"batch {datetime_of(time_ms)}", True)
-        failure: BaseException | None = None
-        for output in self._graph.outputs:
-            try:
-                output.run(time_ms)
-            except Exception as error:
-                log.error("batch %s: output job failed: %s", datetime_of(time_ms), error)
-                failure = failure or error
+        failure = self._run_outputs(info)
         info.state_checkpoints = self._graph.completed_checkpoints()
         if failure is not None:
             info.error = f"{type(failure).__name__}: {failure}"
-        self._commit(info)
+            info.skipped = self.failure_policy.skips and not self._stopping
+        if failure is None or info.skipped:
+            self._commit(info)
         info.processing_end_ms = self.clock.now_ms()
         self._graph.clear_metadata(time_ms)
         self.current = None
         self.history.append(info)
+        if failure is None:
+            self._update_rates(info)
+        self._notify("onBatchCompleted", info)
+        with self._completed:
+            self._completed.notify_all()
+        if failure is None:
+            return True
+        if info.skipped:
+            self._ssc._report_error(failure)
+            return True
+        self._give_up(info, failure)
+        return False
+
+    def _run_outputs(self, info: BatchInfo) -> Exception | None:
+        """Run the batch's output operations; those that fail run again after a doubling
+        backoff, up to the policy's retries (those that succeeded do not run again). The batch's
+        RDDs are generated once, so a retry reads the same input ranges. The last failure, or
+        None once every output has succeeded."""
+        time_ms = info.batch_time_ms
+        pending = list(self._graph.outputs)
+        retries = self.failure_policy.retries
+        while True:
+            failures = {}
+            for output in pending:
+                try:
+                    output.run(time_ms)
+                except Exception as error:
+                    log.error("batch %s: output job failed: %s", datetime_of(time_ms), error)
+                    failures[output] = error
+            if not failures:
+                return None
+            first = next(iter(failures.values()))
+            if info.retries == retries or not self._back_off(info, len(failures), first):
+                return first
+            info.retries += 1
+            pending = list(failures)
+
+    def _back_off(self, info: BatchInfo, failed: int, error: Exception) -> bool:
+        """Wait before the next retry; False when a stop came first (the batch stays
+        uncommitted and runs again after a restart)."""
+        retry = info.retries + 1
+        seconds = self.failure_policy.backoff_before(retry)
+        log.warning(
+            "batch %s: %d output operation(s) failed (%s); retry %d of %d in %.1f s",
+            datetime_of(info.batch_time_ms),
+            failed,
+            str(error).splitlines()[0] if str(error) else type(error).__name__,
+            retry,
+            self.failure_policy.retries,
+            seconds,
+        )
+        with self._wakeup:
+            return not self._wakeup.wait_for(lambda: self._stopping, seconds)
+
+    def _give_up(self, info: BatchInfo, failure: Exception) -> None:
+        """Leave the batch uncommitted and end the run: its record stays in the log, so the
+        next start re-runs it with the same input instead of losing its output."""
+        time_ms = info.batch_time_ms
+        if self._stopping:
+            log.warning(
+                "batch %s left uncommitted by the stop while it was failing; a restart runs it "
+                "again",
+                datetime_of(time_ms),
+            )
+            return
+        log.error(
+            "batch %s failed after %d retries; stopping without committing it (a restart runs "
+            "it again with the same input): %s",
+            datetime_of(time_ms),
+            info.retries,
+            info.error,
+        )
+        message = (
+            f"batch {datetime_of(time_ms)} ({time_ms}) failed after {info.retries} retries and "
+            f"was not committed: {info.error}"
+        )
+        error = BatchFailedError(message)
+        error.__cause__ = failure
+        self._ssc._report_error(error)
+
+    def _update_rates(self, info: BatchInfo) -> None:
         for source_name, controller in self.rate_controllers.items():
             controller.update(
-                info.processing_end_ms,
+                info.processing_end_ms or 0,
                 info.records.get(source_name, 0),
                 info.processingDelay() or 0,
                 info.schedulingDelay() or 0,
             )
-        self._notify("onBatchCompleted", info)
-        with self._completed:
-            self._completed.notify_all()
-        if failure is not None:
-            self._ssc._report_error(failure)
 
     def _commit(self, info: BatchInfo) -> None:
-        """Mark the batch done in the log. A failed batch is marked too, with its error: the run
-        moved on past it, so a restart must not re-run it after later batches (their state
-        already went on without it), which keeps a restarted run's output equal to this one's."""
+        """Mark the batch done in the log. A skipped batch (failurePolicy onExhausted: skip) is
+        marked too, with its error and the input ranges it skipped: the run moved on past it,
+        so a restart must not re-run it after later batches."""
         if self._checkpoint is None:
             return
         fault_point("before-commit")
         started = time.perf_counter()
         commit: dict[str, Any] = {"state": info.state_checkpoints}
-        if info.error is not None:
+        if info.skipped:
             commit["error"] = info.error
+            commit["skipped"] = info.ranges
         self._checkpoint.write_commit(info.batch_time_ms, commit)
         committing = time.perf_counter() - started
         info.checkpoint_seconds = (info.checkpoint_seconds or 0.0) + committing

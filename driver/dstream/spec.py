@@ -367,6 +367,20 @@ class RestartPolicy(SpecModel):
     max_backoff_seconds: int = Field(300, ge=1)
 
 
+class FailurePolicy(SpecModel):
+    """A failed batch output: retried, then the driver stops uncommitted (failure.py)."""
+
+    retries: int = Field(5, ge=0, description="Times a failed output is run again.")
+    backoff_seconds: float = Field(
+        1.0, gt=0, description="Wait before the first retry; doubled before each next one."
+    )
+    on_exhausted: Literal["stop", "skip"] = Field(
+        "stop",
+        description="stop: end the driver, batch uncommitted (exit code 5); skip: commit it with "
+        "its error and its input ranges recorded as skipped.",
+    )
+
+
 class JobSpec(SpecModel):
     batch_interval: Duration
     app: App
@@ -374,6 +388,7 @@ class JobSpec(SpecModel):
     sink: Sink = Field(default_factory=lambda: Sink(type="console"))
     checkpoint: Checkpoint | None = None
     backpressure: Backpressure = Field(default_factory=Backpressure)
+    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     speculation: Speculation = Field(default_factory=Speculation)
     driver: Driver = Field(default_factory=Driver)
     executor: Executor = Field(default_factory=Executor)

@@ -35,6 +35,22 @@ def completed(
     return BatchEvent(info)
 
 
+def test_retried_and_skipped_batches_are_counted(ssc):
+    ssc.rateStream(1000, name="rate").foreachRDD(lambda rdd: None)
+    metrics = StreamingMetrics(JOB, ssc, state_keys_interval_s=3600)
+    assert value(metrics, "dstream_batch_retries_total") == 0
+    assert value(metrics, "dstream_skipped_batches_total") == 0
+    retried = completed(1000, 10)
+    retried.batchInfo().retries = 2
+    skipped = completed(2000, 10, error="OSError: sink down")
+    skipped.batchInfo().retries, skipped.batchInfo().skipped = 5, True
+    for event in (retried, skipped):
+        metrics.onBatchCompleted(event)
+    assert value(metrics, "dstream_batch_retries_total") == 7
+    assert value(metrics, "dstream_skipped_batches_total") == 1
+    assert value(metrics, "dstream_failed_batches_total") == 1
+
+
 def test_completed_batches_update_counters_histograms_and_gauges(ssc):
     source = ssc.rateStream(1000, name="rate")
     source.foreachRDD(lambda rdd: None)

@@ -17,6 +17,7 @@ import pytest
 from dstream import StreamingContext
 from dstream.checkpoint import CheckpointDir, CheckpointUnrecoverableError
 from dstream.clock import ManualClock
+from dstream.failure import FailurePolicy
 from dstream.timeutil import time_to_ms
 from harness import InProcessJob, RateJob, verify
 
@@ -120,9 +121,9 @@ def test_state_lost_after_the_log_was_pruned_is_refused(job):
     assert os.path.exists(job.job.checkpoint / "metadata.json")
 
 
-def test_a_failed_batch_is_logged_as_such_and_not_rerun_after_a_restart(sc, tmp_path):
-    """The live run moved on past a batch whose output failed; a restart must do the same rather
-    than re-run it behind later batches, so the restarted run's output equals the live one's."""
+def run_failing_once(sc, tmp_path, policy: FailurePolicy) -> tuple[str, dict[int, Any]]:
+    """A running total whose output fails once, at batch 2000: three batches, then a restart
+    from the checkpoint that runs one more. The outputs seen, by batch time."""
     outputs: dict[int, Any] = {}
     clock_ms = [0]
 
@@ -146,6 +147,7 @@ def test_a_failed_batch_is_logged_as_such_and_not_rerun_after_a_restart(sc, tmp_
         # (a graph restored from the checkpoint would hold copies of them).
         ssc = StreamingContext.getOrCreate(checkpoint, setup, rebuild=True)
         ssc.start()
+        ssc._scheduler.failure_policy = policy
         for _ in range(batches):
             clock_ms[0] += 1000
             ssc._clock.advance(1000)
@@ -153,7 +155,22 @@ def test_a_failed_batch_is_logged_as_such_and_not_rerun_after_a_restart(sc, tmp_
         ssc.stop(stopSparkContext=False)
         if batches == 1:
             assert ssc._scheduler.recovery.replayed == []
+    return checkpoint, outputs
 
+
+def test_a_failed_output_is_retried_and_the_batch_commits(sc, tmp_path):
+    checkpoint, outputs = run_failing_once(sc, tmp_path, FailurePolicy(retries=1, backoff_s=0.05))
+    assert outputs == {1000: [("n", 10)], 2000: [("n", 20)], 3000: [("n", 30)], 4000: [("n", 40)]}
+    assert "error" not in CheckpointDir(checkpoint).load_log().commits[2000]
+
+
+def test_a_skipped_batch_is_recorded_with_its_ranges_and_not_rerun_after_a_restart(sc, tmp_path):
+    """With onExhausted: skip the live run moves on past the failed batch; a restart must do
+    the same rather than re-run it behind later batches, so its output equals the live one's."""
+    policy = FailurePolicy(retries=0, on_exhausted="skip")
+    checkpoint, outputs = run_failing_once(sc, tmp_path, policy)
     assert outputs == {1000: [("n", 10)], 2000: "failed", 3000: [("n", 30)], 4000: [("n", 40)]}
-    commit = CheckpointDir(checkpoint).load_log().commits[2000]
+    log = CheckpointDir(checkpoint).load_log()
+    commit = log.commits[2000]
     assert commit["error"] == "OSError: sink unavailable"
+    assert commit["skipped"] == log.records[2000]["ranges"]

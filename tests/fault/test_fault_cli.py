@@ -80,3 +80,35 @@ def test_mismatched_checkpoint_exit_3_then_fresh_run_stops_gracefully(sc, tmp_pa
     assert zero_ms(program_b.checkpoint) != zero_a
     verdict = verify(program_b)
     assert not verdict.mismatched_batches and verdict.lost == verdict.duplicated == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_batch_failing_for_good_exits_5_uncommitted_and_runs_again_after_a_restart(tmp_path):
+    """The files sink cannot write (a regular file stands where its directory goes): the first
+    batch fails, is retried once, and `dstream run` exits 5 without committing it. With the
+    sink writable again, a restart runs that batch from its record, and the output is exact."""
+    policy = {"retries": 1, "backoffSeconds": 0.5}
+    job = RateJob(tmp_path, batch_s=2, extra_spec={"failurePolicy": policy})
+    job.write()
+    job.out.write_text("not a directory")
+    failing = Driver(job.manifest, log=tmp_path / "failing.log").start()
+    assert failing.wait(TIMEOUT_S) == 5
+    output = "\n".join(line.text for line in failing.lines)
+    assert "retry 1 of 1 in 0.5 s" in output, output
+    assert "failed after 1 retries and was not committed" in output, output
+    (failed_ms,) = logged(job, "batch") - logged(job, "commit")
+    assert logged(job, "commit") == set()
+
+    job.out.unlink()
+    again = Driver(job.manifest, log=tmp_path / "again.log").start()
+    try:
+        wait_until(lambda: (newest_commit(job) or 0) >= failed_ms + 4000, TIMEOUT_S)
+        assert again.terminate(timeout_s=120, whole_group=True) == 0
+    finally:
+        again.kill()
+    replayed = [line.text for line in again.batch_lines() if "replayed" in line.text]
+    assert len(replayed) == 1, replayed
+    verdict = verify(job)
+    assert verdict.batches >= 3 and not verdict.mismatched_batches
+    assert verdict.lost == verdict.duplicated == 0
