@@ -6,14 +6,17 @@ from __future__ import annotations
 import operator
 import re
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 import pytest
 from dstream.connectors.postgres import PostgresSink, TableMismatchError
+from dstream.failure import BatchFailedError, FailurePolicy
 from dstream.job import build_context
 from dstream.spec import PostgresSink as PostgresSettings
 from dstream.spec import StreamingJob, parse_job, password_env
 from postgres_server import SECRET_PASSWORD, SECRET_ROLE, PostgresServer, running_postgres
+from servers import wait_for
 from streams import manual_context, run_batches
 
 JOB = "pgtest"
@@ -245,17 +248,49 @@ def test_a_connection_lost_mid_batch_commits_nothing(sc, postgres, table):
     assert commits(postgres, table) == []
 
 
-def test_a_failed_output_fails_its_batch_in_the_scheduler(sc, postgres, table):
-    execute(postgres, f"CREATE TABLE {table} (word text, batch_time timestamptz)")
+def started_with_policy(sc, postgres, table, policy: FailurePolicy, batches: list) -> Any:
     ssc = manual_context(sc)
-    ssc.queueStream([[("a", 1)]]).foreachRDD(sink(postgres, table))
-    run_batches(ssc, 1)
-    (info,) = ssc._scheduler.history
-    assert (
-        info.error is not None
-        and "TableMismatchError" in info.error
-        and "no column 'key'" in info.error
+    ssc.queueStream(batches).foreachRDD(sink(postgres, table))
+    ssc.start()
+    ssc._scheduler.failure_policy = policy
+    return ssc
+
+
+def retried(ssc) -> bool:
+    current = ssc._scheduler.current
+    return current is not None and current.retries >= 1
+
+
+def test_a_server_down_for_seconds_is_ridden_out_by_retries(sc, postgres, table):
+    ssc = started_with_policy(
+        sc, postgres, table, FailurePolicy(retries=6, backoff_s=0.25), [[("a", 1)], [("b", 2)]]
     )
+    postgres.stop()
+    try:
+        ssc._clock.advance(1000)
+        wait_for(lambda: retried(ssc), 60, "batch 1 retried")
+    finally:
+        postgres.start()
+    ssc._clock.advance(1000)
+    ssc._scheduler.wait_for_batch(2000, 60)
+    ssc.stop(stopSparkContext=False)
+    first, second = ssc._scheduler.history
+    assert first.retries >= 1 and first.error is None and second.error is None
+    assert query(postgres, f"SELECT key, value FROM {table} ORDER BY key") == [("a", 1), ("b", 2)]
+    assert [c[1] for c in commits(postgres, table)] == [utc(1), utc(2)]
+
+
+def test_a_table_that_does_not_fit_stops_the_run_uncommitted(sc, postgres, table):
+    execute(postgres, f"CREATE TABLE {table} (word text, batch_time timestamptz)")
+    ssc = started_with_policy(
+        sc, postgres, table, FailurePolicy(retries=1, backoff_s=0.05), [[("a", 1)]]
+    )
+    ssc._clock.advance(1000)
+    with pytest.raises(BatchFailedError, match="TableMismatchError.*no column 'key'"):
+        ssc.awaitTerminationOrTimeout(60)
+    ssc.stop(stopSparkContext=False)
+    (info,) = ssc._scheduler.history
+    assert info.retries == 1 and not info.skipped
 
 
 @pytest.fixture(scope="session")
