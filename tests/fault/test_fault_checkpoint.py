@@ -19,7 +19,7 @@ from dstream.checkpoint import CheckpointDir, CheckpointUnrecoverableError
 from dstream.clock import ManualClock
 from dstream.failure import FailurePolicy
 from dstream.timeutil import time_to_ms
-from harness import InProcessJob, RateJob, verify
+from harness import InProcessJob, RateJob, verify, wait_until
 
 
 @pytest.fixture
@@ -174,3 +174,28 @@ def test_a_skipped_batch_is_recorded_with_its_ranges_and_not_rerun_after_a_resta
     commit = log.commits[2000]
     assert commit["error"] == "OSError: sink unavailable"
     assert commit["skipped"] == log.records[2000]["ranges"]
+
+
+def test_an_unwritable_sink_for_seconds_is_ridden_out_by_retries(sc, tmp_path):
+    """The files sink's directory is replaced by a regular file (root writes through chmod)
+    during batch 3 and restored after its first retry: the batch commits whole, nothing lost."""
+    policy = {"retries": 6, "backoffSeconds": 0.25}
+    job = InProcessJob(sc, RateJob(tmp_path, extra_spec={"failurePolicy": policy}))
+    ssc = job.start()
+    job.run(ssc, 2)
+    aside = tmp_path / "out-aside"
+    job.job.out.rename(aside)
+    job.job.out.write_text("not a directory")
+    job.now_ms += job.batch_ms
+    ssc._clock.advance(job.batch_ms)
+    wait_until(lambda: ssc._scheduler.current and ssc._scheduler.current.retries >= 1, 60)
+    job.job.out.unlink()
+    aside.rename(job.job.out)
+    ssc._scheduler.wait_for_batch(job.now_ms, 60)
+    job.run(ssc, 2)
+    ssc.stop(stopSparkContext=False)
+    retried = [info for info in ssc._scheduler.history if info.retries]
+    assert [info.error for info in retried] == [None]
+    verdict = verify(job.job)
+    assert verdict.batches == 5 and not verdict.mismatched_batches
+    assert verdict.lost == verdict.duplicated == 0
