@@ -13,6 +13,7 @@ from typing import Any
 
 import dstream
 import pytest
+from dstream.failure import BatchFailedError, FailurePolicy
 from streams import manual_context, run_batches
 
 ROOT = Path(__file__).parent.parent
@@ -111,14 +112,21 @@ def test_listeners_get_python_batch_info_and_batch_events_only(sc):
 
 
 def test_a_failed_batch_raises_its_own_exception(sc):
-    ssc = manual_context(sc)
+    """After its retries (failurePolicy) the batch's own exception is the cause of the
+    BatchFailedError; with onExhausted: skip, as in pyspark.streaming, later batches run on and
+    the exception itself is raised."""
 
     def store_down(rdd: Any) -> None:
         raise OSError("the store is down")
 
-    ssc.queueStream([[1]]).foreachRDD(store_down)
-    ssc.start()
-    ssc._clock.advance(1000)
-    with pytest.raises(OSError, match="the store is down"):
-        ssc.awaitTermination(120)
-    ssc.stop(stopSparkContext=False)
+    for policy in (FailurePolicy(retries=1, backoff_s=0.05), FailurePolicy(0, 1.0, "skip")):
+        ssc = manual_context(sc)
+        ssc.queueStream([[1]]).foreachRDD(store_down)
+        ssc.start()
+        ssc._scheduler.failure_policy = policy
+        ssc._clock.advance(1000)
+        with pytest.raises((BatchFailedError, OSError)) as raised:
+            ssc.awaitTermination(120)
+        ssc.stop(stopSparkContext=False)
+        own = raised.value if policy.skips else raised.value.__cause__
+        assert isinstance(own, OSError) and str(own) == "the store is down"

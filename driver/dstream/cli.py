@@ -2,7 +2,9 @@
 
 Exit codes: 0 success (including a graceful stop), 2 invalid manifest or arguments, 3 a checkpoint
 that cannot be used (written by a different program, or damaged beyond exact recovery: `--fresh`
-starts over), 1 anything else.
+starts over), 4 a source failed (unreachable, input trimmed away, login refused), 5 a batch failed
+after every retry of its failurePolicy and was left uncommitted (a restart runs it again),
+1 anything else.
 """
 
 from __future__ import annotations
