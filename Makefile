@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_SECONDS ?= 30
 
-.PHONY: setup debian-packages demo test test-fast exactly-once lint crd e2e bench bench-quick bench-backpressure clean
+.PHONY: setup debian-packages demo test test-fast exactly-once soak lint crd e2e bench bench-quick bench-backpressure clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,12 @@ test-fast: setup
 exactly-once: setup debian-packages
 	DSTREAM_E2E_RECORDS=200000 DSTREAM_E2E_RATE=2000 DSTREAM_E2E_KILLS=3 \
 		$(BIN)/python -m pytest -ra tests/connectors/test_exactly_once.py
+
+# The soak (docs/fault-tolerance.md): 20 driver kills, 20 executor kills and a 20 s sink outage
+# on local-cluster[2,1,1024], output checked exactly (make test runs 5 + 5 and a 5 s outage).
+soak: setup debian-packages
+	SOAK_DRIVER_KILLS=20 SOAK_EXECUTOR_KILLS=20 SOAK_OUTAGE_S=20 \
+		$(BIN)/python -m pytest -s -ra tests/fault/test_soak.py
 
 # Chaos end-to-end on the offline cluster with a real node (e2e/README.md; kind: bash e2e/kind.sh).
 e2e: setup
