@@ -424,7 +424,16 @@ start_component() {
   # 8>&- 9>&-: the lock fds (LOCK_FDS) stay with this script, or the cluster would hold the locks.
   TMPDIR="${STATE_DIR}/tmp" AWS_EC2_METADATA_DISABLED=true \
     setsid "${exe}" "$@" </dev/null >>"${STATE_DIR}/logs/${name}.log" 2>&1 8>&- 9>&- &
-  echo "$! ${exe}" >"$(pid_file "${name}")"
+  local pid=$!
+  echo "${pid} ${exe}" >"$(pid_file "${name}")"
+  # Until the background shell has exec'd setsid and setsid the binary, /proc/PID/exe is bash's
+  # and component_pid would call the component dead (seen on a loaded machine).
+  local tries
+  for ((tries = 0; tries < 100; tries++)); do
+    [[ "$(readlink "/proc/${pid}/exe" 2>/dev/null)" == "${exe}" ]] && return 0
+    process_running "${pid}" || return 0
+    sleep 0.1
+  done
 }
 
 # wait_for WHAT CHECK-COMMAND... : poll every second until the check passes or the timeout.
