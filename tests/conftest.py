@@ -37,3 +37,15 @@ def sc():
     context.setLogLevel("ERROR")
     yield context
     context.stop()
+
+
+# Tests that share one resource of this machine run on one xdist worker: the Kubernetes control
+# plane (e2e/cluster/local.sh allows one cluster) and the image cache with its containerd.
+SHARED_RESOURCES = {"k8s_cluster": "k8s", "image_tarball": "image"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, group in SHARED_RESOURCES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))

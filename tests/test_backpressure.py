@@ -31,7 +31,7 @@ from dstream.rate import PIDRateEstimator, RateController
 from dstream.scheduler import BatchInfo
 from streams import BATCH_TIMEOUT_S
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(900)]
 
 SEED, RECORD_BYTES = 7, 60
 # A file line of 99 characters and its newline: the files source estimates a file's records from

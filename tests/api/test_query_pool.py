@@ -14,7 +14,7 @@ from datetime import datetime
 import pytest
 from running_driver import running_driver
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.solo]
 
 BATCH_S = 1.0
 RETAINED = 30  # batches the query recomputes
