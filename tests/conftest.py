@@ -44,6 +44,7 @@ def sc():
 SHARED_RESOURCES = {"k8s_cluster": "k8s", "image_tarball": "image"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for fixture, group in SHARED_RESOURCES.items():
