@@ -41,6 +41,7 @@ _TUNABLE_SIGNATURE_KEYS = frozenset({"checkpointMs"})
 # A version-1 checkpoint still recovers, by running the program's setup (there is no graph).
 METADATA_VERSION = 2
 FAULT_INJECT_ENV = "DSTREAM_FAULT_INJECT"
+_CRC_MAGIC = b"crc\0"
 _fault_arrivals: dict[str, int] = {}
 
 
@@ -265,6 +266,38 @@ def move_checkpoint_aside(path: str | Path) -> Path | None:
     moved = directory.move_aside(f"old-{int(time.time())}")
     log.warning("moved the previous checkpoint %s to %s", directory.path, moved)
     return moved
+
+
+def check_state_checkpoint(uri: str) -> None:
+    """TornFileError when a part of a Spark reliable checkpoint is shorter than its Hadoop
+    `.crc` says. Hadoop verifies each 512-byte chunk it reads, not that none is missing, so a
+    part cut at a chunk boundary (a lost 4 KiB block) would read back as fewer records without
+    an error. Parts without a `.crc` (another file system than the local one) are left to Spark."""
+    if not uri.startswith(("file:", "/")):
+        return
+    for part in _local_path(uri).glob("part-*"):
+        covered = _crc_coverage(part.with_name(f".{part.name}.crc"))
+        if covered is None:
+            continue
+        chunk, chunks = covered
+        size = part.stat().st_size
+        if -(-size // chunk) != chunks:
+            raise TornFileError(f"{part}: {size} bytes, its .crc covers {chunks} chunks of {chunk}")
+
+
+def _crc_coverage(sums: Path) -> tuple[int, int] | None:
+    """(bytes per chunk, chunks) of a Hadoop `.crc` file: magic, chunk size, a CRC-32 per chunk.
+    None without a readable one (Hadoop's reader judges a damaged `.crc` itself)."""
+    try:
+        with open(sums, "rb") as crc:
+            header = crc.read(8)
+            length = os.fstat(crc.fileno()).st_size
+    except FileNotFoundError:
+        return None
+    chunk = int.from_bytes(header[4:], "big")
+    if len(header) < 8 or header[:4] != _CRC_MAGIC or chunk <= 0:
+        return None
+    return chunk, (length - len(header)) // 4
 
 
 def _local_path(uri: str) -> Path:

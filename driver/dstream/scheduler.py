@@ -39,6 +39,7 @@ from dstream.checkpoint import (
     CheckpointUnrecoverableError,
     CheckpointWriteError,
     LogState,
+    check_state_checkpoint,
     compare_signatures,
     fault_point,
 )
@@ -301,6 +302,7 @@ class BatchScheduler:
             stream = self._graph.streams[int(index)]
             for time_ms, path in checkpoints:
                 try:
+                    check_state_checkpoint(path)
                     rdd = RDD(sc._jsc.checkpointFile(path), sc, sc.serializer)
                     rdd.count()
                 except Exception as error:
