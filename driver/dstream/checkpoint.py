@@ -10,11 +10,13 @@ Layout under the checkpoint path:
     state/                  Spark's reliable RDD checkpoints (sc.setCheckpointDir)
     deadletter/             malformed input records, per batch
 Every file is written to a temporary name, fsynced and renamed, and carries a checksum, so a
-crash mid-write leaves either the old state or a file that is detected as torn and ignored.
+crash mid-write leaves either the old state or a file that is detected as torn and ignored; a
+write the storage refuses (read-only, full) raises CheckpointWriteError and leaves no part behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -39,6 +41,7 @@ _TUNABLE_SIGNATURE_KEYS = frozenset({"checkpointMs"})
 # A version-1 checkpoint still recovers, by running the program's setup (there is no graph).
 METADATA_VERSION = 2
 FAULT_INJECT_ENV = "DSTREAM_FAULT_INJECT"
+_CRC_MAGIC = b"crc\0"
 _fault_arrivals: dict[str, int] = {}
 
 
@@ -58,6 +61,14 @@ class TornFileError(ValueError):
     """A checkpoint file that is truncated, corrupt or fails its checksum."""
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint file the storage refused to write (read-only, full, unmounted): the errno,
+    the OS's message and the file's own name (not its temporary one's)."""
+
+    def __str__(self) -> str:
+        return f"cannot write checkpoint file {self.filename}: {self.strerror}"
+
+
 class CheckpointMismatchError(RuntimeError):
     """The checkpoint was written by a different streaming graph than the one being started."""
 
@@ -67,38 +78,43 @@ class CheckpointUnrecoverableError(RuntimeError):
     of a stream after the log was pruned); going on would silently change the results."""
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary sibling, fsync, rename over `path`, fsync the directory."""
-    _publish(_write_temporary(path, data), path)
+def write_atomically(path: Path, data: bytes, fault: str | None = None) -> None:
+    """Write to a temporary sibling, fsync, rename over `path`, fsync the directory; `fault`
+    names the spot between the temporary file and its rename for fault_point.
 
-
-def _write_temporary(path: Path, data: bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    Storage that refuses the write (read-only, full, gone) raises CheckpointWriteError after
+    the temporary file is removed, so `path` keeps its previous content or, when only the
+    directory sync failed, the complete new one: never a part."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    return tmp
-
-
-def _publish(tmp: Path, path: Path) -> None:
-    os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
     try:
-        os.fsync(directory)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        if fault:
+            fault_point(fault)
+        os.replace(tmp, path)
+        _fsync_directory(path.parent)
+    except OSError as error:
+        with contextlib.suppress(OSError):  # read-only: it was never created
+            tmp.unlink(missing_ok=True)
+        raise CheckpointWriteError(error.errno, error.strerror or str(error), str(path)) from error
+
+
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
     finally:
-        os.close(directory)
+        os.close(descriptor)
 
 
 def write_document(path: Path, document: dict[str, Any], fault: str = "document-write") -> None:
-    """A JSON document wrapped with the sha256 of its canonical body; `fault` names the spot
-    between the temporary file and its rename for fault_point."""
+    """A JSON document wrapped with the sha256 of its canonical body, written atomically."""
     body = json.dumps(document, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(body.encode()).hexdigest()
-    tmp = _write_temporary(path, json.dumps({"sha256": digest, "body": document}).encode())
-    fault_point(fault)
-    _publish(tmp, path)
+    write_atomically(path, json.dumps({"sha256": digest, "body": document}).encode(), fault)
 
 
 def read_document(path: Path) -> dict[str, Any]:
@@ -250,6 +266,38 @@ def move_checkpoint_aside(path: str | Path) -> Path | None:
     moved = directory.move_aside(f"old-{int(time.time())}")
     log.warning("moved the previous checkpoint %s to %s", directory.path, moved)
     return moved
+
+
+def check_state_checkpoint(uri: str) -> None:
+    """TornFileError when a part of a Spark reliable checkpoint is shorter than its Hadoop
+    `.crc` says. Hadoop verifies each 512-byte chunk it reads, not that none is missing, so a
+    part cut at a chunk boundary (a lost 4 KiB block) would read back as fewer records without
+    an error. Parts without a `.crc` (another file system than the local one) are left to Spark."""
+    if not uri.startswith(("file:", "/")):
+        return
+    for part in _local_path(uri).glob("part-*"):
+        covered = _crc_coverage(part.with_name(f".{part.name}.crc"))
+        if covered is None:
+            continue
+        chunk, chunks = covered
+        size = part.stat().st_size
+        if -(-size // chunk) != chunks:
+            raise TornFileError(f"{part}: {size} bytes, its .crc covers {chunks} chunks of {chunk}")
+
+
+def _crc_coverage(sums: Path) -> tuple[int, int] | None:
+    """(bytes per chunk, chunks) of a Hadoop `.crc` file: magic, chunk size, a CRC-32 per chunk.
+    None without a readable one (Hadoop's reader judges a damaged `.crc` itself)."""
+    try:
+        with open(sums, "rb") as crc:
+            header = crc.read(8)
+            length = os.fstat(crc.fileno()).st_size
+    except FileNotFoundError:
+        return None
+    chunk = int.from_bytes(header[4:], "big")
+    if len(header) < 8 or header[:4] != _CRC_MAGIC or chunk <= 0:
+        return None
+    return chunk, (length - len(header)) // 4
 
 
 def _local_path(uri: str) -> Path:

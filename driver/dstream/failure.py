@@ -1,10 +1,11 @@
 """What the scheduler does with a batch whose output failed: the failure policy.
 
 pyspark.streaming commits a failed batch and moves on, so its output is gone for good. Here a
-failed output operation runs again after a backoff, and when the retries are spent the driver
-stops with the batch uncommitted: its record stays in the log, so a restart (the operator's or
-the user's) runs it again with the same input. Skipping a batch is possible only when asked
-for (`onExhausted: skip`); the skip is recorded with the batch's input ranges and counted.
+failed output operation runs again after a backoff, as does a batch record or commit marker
+that the checkpoint's storage refuses (read-only, full), and when the retries are spent the
+driver stops with the batch uncommitted: a restart (the operator's or the user's) runs it again
+with the same input. Skipping a batch is possible only when asked for (`onExhausted: skip`),
+and only for its outputs; the skip is recorded with the batch's input ranges and counted.
 """
 
 from __future__ import annotations

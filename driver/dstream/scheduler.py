@@ -3,9 +3,10 @@ sizes and executes batches in order.
 
 Per batch: size its input when it starts (within the rate limit in force then) -> write the batch
 record -> run the output jobs -> write the commit marker -> forget old RDDs and log entries ->
-notify listeners. Spark's JobGenerator sizes a batch when its time comes, so batches queued behind
-a slow one keep ranges planned under an old rate and backpressure cannot pull a job out of a deep
-overload; sizing at start means every batch runs under the newest rate.
+notify listeners; the record, the outputs and the commit each run again under the failure policy
+when they fail (failure.py). Spark's JobGenerator sizes a batch when its time comes, so batches
+queued behind a slow one keep ranges planned under an old rate and backpressure cannot pull a job
+out of a deep overload; sizing at start means every batch runs under the newest rate.
 
 With backpressure on, batch times that fell due while the runner was busy are *coalesced*: the
 latest due time runs, with one interval's budget, and the earlier ones are not batches: no input,
@@ -23,6 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -35,7 +37,9 @@ from dstream.checkpoint import (
     CheckpointDir,
     CheckpointMismatchError,
     CheckpointUnrecoverableError,
+    CheckpointWriteError,
     LogState,
+    check_state_checkpoint,
     compare_signatures,
     fault_point,
 )
@@ -66,10 +70,11 @@ class BatchInfo:
     error: str | None = None
     coalesced: list[int] = field(default_factory=list)  # earlier due times merged into this one
     ranges: dict[str, Any] = field(default_factory=dict)  # each source's recorded input range
-    retries: int = 0  # output operations run again after failing (failure.py)
+    retries: int = 0  # record, outputs or commit run again after failing (failure.py)
     skipped: bool = False  # failed for good, committed as skipped (failurePolicy onExhausted)
     state_checkpoints: dict[str, Any] = field(default_factory=dict)
     checkpoint_seconds: float | None = None  # writing the batch record + commit marker
+    record: dict[str, Any] | None = field(default=None, repr=False)  # to write before outputs
 
     def batchTime(self) -> datetime:
         return datetime_of(self.batch_time_ms)
@@ -111,6 +116,10 @@ class BatchInfo:
 
 def _seconds(ms: int | None) -> float | None:
     return None if ms is None else ms / 1000
+
+
+def _describe(failure: Exception) -> str:
+    return f"{type(failure).__name__}: {failure}"
 
 
 class BatchEvent:
@@ -293,6 +302,7 @@ class BatchScheduler:
             stream = self._graph.streams[int(index)]
             for time_ms, path in checkpoints:
                 try:
+                    check_state_checkpoint(path)
                     rdd = RDD(sc._jsc.checkpointFile(path), sc, sc.serializer)
                     rdd.count()
                 except Exception as error:
@@ -396,8 +406,8 @@ class BatchScheduler:
             return [self._due.popleft() for _ in range(count)]
 
     def _plan(self, times: list[int]) -> BatchInfo:
-        """Size the batch at times[-1] under the rate limits in force now, merge the earlier due
-        times into it, and log it before any task runs."""
+        """Size the batch at times[-1] under the rate limits in force now and merge the earlier
+        due times into it; _run logs its record before any task runs."""
         time_ms, coalesced = times[-1], times[:-1]
         now = self.clock.now_ms()
         self._graph.coalesce(coalesced)
@@ -408,18 +418,15 @@ class BatchScheduler:
             ranges[source.name] = source.plan(time_ms, budget)
             records[source.name] = source.records_in(ranges[source.name])
             limits[source.name] = controller.rate_limit if controller else None
-        checkpoint_seconds = None
+        record: dict[str, Any] | None = None
         if self._checkpoint is not None:
-            started = time.perf_counter()
-            record: dict[str, Any] = {
+            record = {
                 "ranges": ranges,
                 "rateLimits": limits,
                 "positions": {s.name: s.position() for s in self._graph.inputs},
             }
             if coalesced:
                 record["coalesced"] = coalesced
-            self._checkpoint.write_batch(time_ms, record)
-            checkpoint_seconds = time.perf_counter() - started
         late = now - time_ms >= self._graph.batch_ms
         info = BatchInfo(
             time_ms,
@@ -429,28 +436,24 @@ class BatchScheduler:
             kind="catch-up" if late else "live",
             coalesced=coalesced,
             ranges=ranges,
-            checkpoint_seconds=checkpoint_seconds,
+            record=record,
         )
         self._notify("onBatchSubmitted", info)
         return info
 
     def _run(self, info: BatchInfo) -> bool:
-        """Run the batch's outputs under the failure policy and commit it. False when it failed
-        for good (or while stopping) and stays uncommitted: the runner ends, and a restart runs
-        the batch again from its record."""
+        """Record the batch, run its outputs and commit it, each under the failure policy. False
+        when it failed for good (or while stopping) and stays uncommitted: the runner ends, and
+        a restart runs the batch again from its record, or plans it again if it has none."""
         time_ms = info.batch_time_ms
         info.processing_start_ms = self.clock.now_ms()
         self.current = info
         self._notify("onBatchStarted", info)
         sc = self._ssc.sparkContext
         sc.setJobGroup(f"dstream-batch-{time_ms}", f"batch {datetime_of(time_ms)}", True)
-        failure = self._run_outputs(info)
-        info.state_checkpoints = self._graph.completed_checkpoints()
-        if failure is not None:
-            info.error = f"{type(failure).__name__}: {failure}"
-            info.skipped = self.failure_policy.skips and not self._stopping
-        if failure is None or info.skipped:
-            self._commit(info)
+        failure = self._execute(info)
+        if failure is not None and not info.skipped:
+            info.error = _describe(failure)
         info.processing_end_ms = self.clock.now_ms()
         self._graph.clear_metadata(time_ms)
         self.current = None
@@ -468,39 +471,104 @@ class BatchScheduler:
         self._give_up(info, failure)
         return False
 
+    def _execute(self, info: BatchInfo) -> Exception | None:
+        """The failure that leaves the batch uncommitted, or None once it is committed (as
+        skipped, when its outputs failed for good under onExhausted: skip). A checkpoint that
+        cannot be written is never skipped past: without the batch's record and commit a
+        restart could not tell what it read, so the run stops there."""
+        failure = self._write_record(info)
+        if failure is not None:
+            return failure
+        failure = self._run_outputs(info)
+        info.state_checkpoints = self._graph.completed_checkpoints()
+        if failure is not None:
+            info.skipped = self.failure_policy.skips and not self._stopping
+            if not info.skipped:
+                return failure
+            info.error = _describe(failure)
+        commit_failure = self._commit(info)
+        if commit_failure is not None:
+            info.skipped = False
+            return commit_failure
+        return failure
+
+    def _retrying(
+        self, info: BatchInfo, step: str, attempt: Callable[[], Exception | None]
+    ) -> Exception | None:
+        """Run `attempt` until it returns no failure, waiting a doubling backoff before each
+        retry; the retries of a batch's steps share the policy's count. The last failure when
+        the retries are spent or a stop came first, else None."""
+        while (failure := attempt()) is not None:
+            spent = info.retries == self.failure_policy.retries
+            if spent or not self._back_off(info, step, failure):
+                return failure
+            info.retries += 1
+        return None
+
+    def _write_record(self, info: BatchInfo) -> Exception | None:
+        """Log the batch's input ranges before any of its tasks runs (a replayed batch already
+        has its record)."""
+        record = info.record
+        if self._checkpoint is None or record is None:
+            return None
+        checkpoint = self._checkpoint
+        failure = self._write_checkpoint(
+            info,
+            "writing its batch record",
+            lambda: checkpoint.write_batch(info.batch_time_ms, record),
+        )
+        if failure is None:
+            info.record = None  # history keeps the batch, not its record
+        return failure
+
+    def _write_checkpoint(
+        self, info: BatchInfo, step: str, write: Callable[[], None]
+    ) -> Exception | None:
+        """A checkpoint write retried under the failure policy while the storage refuses it
+        (read-only, full), its time added to the batch's checkpoint_seconds."""
+
+        def attempt() -> Exception | None:
+            started = time.perf_counter()
+            try:
+                write()
+            except CheckpointWriteError as error:
+                return error
+            finally:
+                spent = time.perf_counter() - started
+                info.checkpoint_seconds = (info.checkpoint_seconds or 0.0) + spent
+            return None
+
+        return self._retrying(info, step, attempt)
+
     def _run_outputs(self, info: BatchInfo) -> Exception | None:
-        """Run the batch's output operations; those that fail run again after a doubling
-        backoff, up to the policy's retries (those that succeeded do not run again). The batch's
-        RDDs are generated once, so a retry reads the same input ranges. The last failure, or
-        None once every output has succeeded."""
+        """Run the batch's output operations; those that fail run again under the failure
+        policy (those that succeeded do not run again). The batch's RDDs are generated once,
+        so a retry reads the same input ranges."""
         time_ms = info.batch_time_ms
         pending = list(self._graph.outputs)
-        retries = self.failure_policy.retries
-        while True:
-            failures = {}
+
+        def attempt() -> Exception | None:
+            failures = []
             for output in pending:
                 try:
                     output.run(time_ms)
                 except Exception as error:
                     log.error("batch %s: output job failed: %s", datetime_of(time_ms), error)
-                    failures[output] = error
-            if not failures:
-                return None
-            first = next(iter(failures.values()))
-            if info.retries == retries or not self._back_off(info, len(failures), first):
-                return first
-            info.retries += 1
-            pending = list(failures)
+                    failures.append((output, error))
+            pending[:] = [output for output, _error in failures]
+            return failures[0][1] if failures else None
 
-    def _back_off(self, info: BatchInfo, failed: int, error: Exception) -> bool:
+        return self._retrying(info, "running its outputs", attempt)
+
+    def _back_off(self, info: BatchInfo, step: str, error: Exception) -> bool:
         """Wait before the next retry; False when a stop came first (the batch stays
         uncommitted and runs again after a restart)."""
         retry = info.retries + 1
         seconds = self.failure_policy.backoff_before(retry)
         log.warning(
-            "batch %s: %d output operation(s) failed (%s); retry %d of %d in %.1f s",
+            "batch %s: %s failed (%s); retry %d of %d in %.1f s",
             datetime_of(info.batch_time_ms),
-            failed,
+            step,
             str(error).splitlines()[0] if str(error) else type(error).__name__,
             retry,
             self.failure_policy.retries,
@@ -544,25 +612,32 @@ class BatchScheduler:
                 info.schedulingDelay() or 0,
             )
 
-    def _commit(self, info: BatchInfo) -> None:
-        """Mark the batch done in the log. A skipped batch (failurePolicy onExhausted: skip) is
+    def _commit(self, info: BatchInfo) -> Exception | None:
+        """Mark the batch done in the log, retrying under the failure policy; the failure when
+        the marker could not be written. A skipped batch (failurePolicy onExhausted: skip) is
         marked too, with its error and the input ranges it skipped: the run moved on past it,
         so a restart must not re-run it after later batches."""
         if self._checkpoint is None:
-            return
+            return None
+        checkpoint = self._checkpoint
         fault_point("before-commit")
-        started = time.perf_counter()
         commit: dict[str, Any] = {"state": info.state_checkpoints}
         if info.skipped:
             commit["error"] = info.error
             commit["skipped"] = info.ranges
-        self._checkpoint.write_commit(info.batch_time_ms, commit)
-        committing = time.perf_counter() - started
-        info.checkpoint_seconds = (info.checkpoint_seconds or 0.0) + committing
-        self._prune(info.batch_time_ms)
+        failure = self._write_checkpoint(
+            info,
+            "writing its commit marker",
+            lambda: checkpoint.write_commit(info.batch_time_ms, commit),
+        )
+        if failure is None:
+            self._prune(info.batch_time_ms)
+        return failure
 
     def _prune(self, time_ms: int) -> None:
-        """Keep log entries back to the oldest state checkpoint kept, minus the longest window."""
+        """Keep log entries back to the oldest state checkpoint kept, minus the longest window.
+        The batch is committed already: storage that refuses a deletion only delays it to a
+        later commit."""
         assert self._checkpoint is not None
         stateful = self._graph.stateful_streams()
         in_force = self._graph.in_force
@@ -571,9 +646,14 @@ class BatchScheduler:
         oldest = self._graph.oldest_checkpoint_in_force()
         anchor = oldest if oldest is not None else time_ms
         keep_from = anchor - self._graph.max_remember_ms() - self._graph.batch_ms
-        self._checkpoint.prune(
-            keep_from, self._graph.state_paths_in_force(), self._ssc.sparkContext.getCheckpointDir()
-        )
+        try:
+            self._checkpoint.prune(
+                keep_from,
+                self._graph.state_paths_in_force(),
+                self._ssc.sparkContext.getCheckpointDir(),
+            )
+        except OSError as error:
+            log.warning("pruning the checkpoint failed (%s); the next commit tries again", error)
 
     def wait_for_batch(self, time_ms: int, timeout_s: float) -> BatchInfo:
         """Block until the batch at time_ms has completed (tests and the CLI use it)."""

@@ -15,9 +15,16 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
+from py4j.protocol import Py4JJavaError
 from pyspark import RDD
 
 from dstream.timeutil import time_to_ms
+
+
+class OutputWriteError(RuntimeError):
+    """Spark failed to write a batch's output directory. The message names the directory and
+    the root cause (e.g. `java.io.IOException: No space left on device`), which the JVM's
+    error, kept as __cause__, buries under stack traces."""
 
 
 def text_file_name(prefix: str, suffix: str | None, time: datetime) -> str:
@@ -47,8 +54,19 @@ def save_text_atomically(rdd: RDD, path: str) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_earlier_attempts(final)
     tmp = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}")
-    rdd.saveAsTextFile(str(tmp))
+    try:
+        rdd.saveAsTextFile(str(tmp))
+    except Py4JJavaError as error:
+        raise OutputWriteError(f"writing {final} failed: {root_cause(error)}") from error
     replace_directory(tmp, final)
+
+
+def root_cause(error: Py4JJavaError) -> str:
+    """The innermost cause of a JVM error, as `<class>: <message>`."""
+    cause = error.java_exception
+    while cause.getCause() is not None:
+        cause = cause.getCause()
+    return str(cause.toString())
 
 
 def remove_earlier_attempts(final: Path) -> None:

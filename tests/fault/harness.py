@@ -9,8 +9,10 @@ became available in ((k-1)B, kB], so every batch's expected word counts are know
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -18,10 +20,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from dstream import textgen
 
@@ -422,21 +426,44 @@ class InProcessJob:
         self.now_ms = 0
 
     def start(self) -> Any:
+        """A new StreamingContext on the job's checkpoint, started. The session's SparkContext
+        was not made from the spec, so the spec's failurePolicy is handed to the scheduler
+        here: it governs every batch the clock brings (a batch replayed at start, which runs
+        at once, may begin under the default policy)."""
         from dstream.clock import ManualClock
+        from dstream.failure import FailurePolicy
         from dstream.job import build_context
         from dstream.spec import load_job
 
-        ssc = build_context(load_job(self.job.manifest), self.sc)
+        spec = load_job(self.job.manifest)
+        ssc = build_context(spec, self.sc)
         ssc._clock = ManualClock(self.now_ms)
         ssc.start()
+        policy = spec.spec.failure_policy
+        ssc._scheduler.failure_policy = FailurePolicy(
+            policy.retries, policy.backoff_seconds, policy.on_exhausted
+        )
         return ssc
+
+    def advance(self, ssc: Any) -> int:
+        """Move the clock one batch on, which makes that batch due; its time (ms)."""
+        self.now_ms += self.batch_ms
+        ssc._clock.advance(self.batch_ms)
+        return self.now_ms
 
     def run(self, ssc: Any, batches: int, timeout_s: float = 120) -> None:
         """Advance the clock batch by batch, waiting for each batch to complete."""
         for _ in range(batches):
-            self.now_ms += self.batch_ms
-            ssc._clock.advance(self.batch_ms)
-            ssc._scheduler.wait_for_batch(self.now_ms, timeout_s)
+            ssc._scheduler.wait_for_batch(self.advance(ssc), timeout_s)
+
+    def wait_for_retry(self, ssc: Any, timeout_s: float = 60) -> Any:
+        """The running batch (BatchInfo) once it has failed and been retried at least once."""
+
+        def retried() -> Any:
+            info = ssc._scheduler.current
+            return info if info is not None and info.retries >= 1 else None
+
+        return wait_until(retried, timeout_s)
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float) -> Any:
@@ -447,3 +474,62 @@ def wait_until(condition: Callable[[], Any], timeout_s: float) -> Any:
             raise TimeoutError(f"condition not reached within {timeout_s} s")
         time.sleep(0.05)
     return value
+
+
+def fault_rng() -> random.Random:
+    """The suite's random choices, seeded from DSTREAM_FAULT_SEED when it is set (to replay a
+    run), else at random; the seed is printed either way."""
+    seed = int(os.environ.get("DSTREAM_FAULT_SEED", random.randrange(2**31)))
+    print(f"\nDSTREAM_FAULT_SEED={seed}")
+    return random.Random(seed)
+
+
+def truncate_at_random_byte(path: Path, rng: random.Random) -> None:
+    """Cut `path` short at a random byte, as a crash or a copy cut short leaves a file."""
+    os.truncate(path, rng.randrange(path.stat().st_size))
+
+
+# -- storage faults: file systems of the test's own ------------------------------------------
+
+
+@contextmanager
+def tmpfs(path: Path, size_kb: int = 4096) -> Iterator[Path]:
+    """A tmpfs of `size_kb` mounted at `path` for the block, so that a test can make it
+    read-only or fill it up; unmounted after (lazily: a JVM may still hold a file in it).
+    Mounting needs root (CAP_SYS_ADMIN); without it the test fails saying so, as this suite
+    skips nothing."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = _mount("-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path))
+    if mounted.returncode != 0:
+        pytest.fail(
+            f"this storage fault test mounts a tmpfs at {path} and needs root (CAP_SYS_ADMIN) "
+            f"for it: mount said {mounted.stderr.strip()!r}"
+        )
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "--lazy", str(path)], check=True)
+
+
+def remount(path: Path, mode: str) -> None:
+    """Make the tmpfs at `path` read-only ("ro") or writable again ("rw"). The kernel refuses
+    read-only while a file there is open for writing, so that is tried until none is."""
+    wait_until(lambda: _mount("-o", f"remount,{mode}", str(path)).returncode == 0, 30)
+
+
+def _mount(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["mount", *args], capture_output=True, text=True)
+
+
+def fill_up(directory: Path) -> Path:
+    """A hidden file in `directory` that takes every free byte of its file system (readers of
+    the sink and the checkpoint ignore names starting with a dot); delete it to free them."""
+    filler = directory / ".filler"
+    chunk = bytes(1 << 16)
+    with open(filler, "wb", buffering=0) as out:
+        try:
+            while out.write(chunk):
+                pass
+        except OSError as error:
+            assert error.errno == errno.ENOSPC, error
+    return filler

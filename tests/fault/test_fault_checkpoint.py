@@ -9,6 +9,7 @@ produce exactly the reference output; or, when exact recovery is impossible, ref
 from __future__ import annotations
 
 import os
+import random
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from dstream.checkpoint import CheckpointDir, CheckpointUnrecoverableError
 from dstream.clock import ManualClock
 from dstream.failure import FailurePolicy
 from dstream.timeutil import time_to_ms
-from harness import InProcessJob, RateJob, verify, wait_until
+from harness import InProcessJob, RateJob, fault_rng, truncate_at_random_byte, verify
 
 
 @pytest.fixture
@@ -41,50 +42,68 @@ def assert_exact(job: InProcessJob) -> None:
     assert (verdict.lost, verdict.duplicated) == (0, 0)
 
 
-def test_torn_log_files_are_skipped_and_output_stays_exact(job):
+def test_torn_log_and_metadata_files_are_skipped_and_output_stays_exact(job):
+    """The newest batch record, its commit marker and metadata.json cut short at random bytes,
+    the commit before it changed in place (its checksum fails) and a writer's stale temporary
+    file: the restart skips what is torn (metadata.json's backup serves), runs the batch whose
+    commit was lost again and plans the one whose record was lost again; the output is exact."""
+    rng = fault_rng()
     ssc = job.start()
     job.run(ssc, 5)
     ssc.stop(stopSparkContext=False)
     log_dir = job.job.checkpoint / "log"
     record, commit = newest(log_dir, "batch"), newest(log_dir, "commit")
-    record.write_bytes(record.read_bytes()[: record.stat().st_size // 2])  # truncated
-    damaged = bytearray(commit.read_bytes())
+    for torn in (record, commit, job.job.checkpoint / "metadata.json"):
+        truncate_at_random_byte(torn, rng)
+    changed = log_dir / f"commit-{4 * job.batch_ms}.json"
+    damaged = bytearray(changed.read_bytes())
     damaged[-20:-10] = b"0123456789"  # same length, checksum no longer matches
-    commit.write_bytes(bytes(damaged))
+    changed.write_bytes(bytes(damaged))
     stale_temp = log_dir / f".{record.name}.tmp-4242"
     stale_temp.write_bytes(b'{"sha256": "')  # a writer that died before its rename
 
     ssc = job.start()
     recovery = ssc._scheduler.recovery
-    assert {record.name, commit.name} <= set(recovery.torn_files)
+    assert {record.name, commit.name, changed.name} <= set(recovery.torn_files)
+    assert recovery.replayed == [4 * job.batch_ms]
     assert not stale_temp.exists()
     job.run(ssc, 2)
     ssc.stop(stopSparkContext=False)
     assert_exact(job)
 
 
-def corrupt_checkpoint(path: str, how: str) -> None:
-    """Damage a Spark reliable checkpoint directory: a truncated part, or a missing one."""
+def cut_state_part(path: str, how: str, rng: random.Random) -> None:
+    """Cut a part of a Spark reliable checkpoint short: its first at a random byte ("byte"), or
+    its largest at a random 512-byte chunk boundary, as a lost disk block leaves it ("chunk":
+    Hadoop's checksums alone miss that cut)."""
+    directory = Path(path.removeprefix("file:"))
+    if how == "byte":
+        truncate_at_random_byte(directory / "part-00000", rng)
+        return
+    part = max(directory.glob("part-*"), key=lambda p: p.stat().st_size)
+    chunks = -(-part.stat().st_size // 512)
+    assert chunks > 1, f"{part} has no chunk boundary inside it"
+    os.truncate(part, 512 * rng.randrange(1, chunks))
+
+
+def delete_first_part(path: str) -> None:
     part = Path(path.removeprefix("file:")) / "part-00000"
-    if how == "truncate":
-        part.write_bytes(part.read_bytes()[: max(1, part.stat().st_size // 2)])
-    else:
-        part.unlink()
-        part.with_name(".part-00000.crc").unlink(missing_ok=True)
+    part.unlink()
+    part.with_name(".part-00000.crc").unlink(missing_ok=True)
 
 
 def test_torn_state_checkpoints_fall_back_to_the_previous_ones(job):
+    rng = fault_rng()
     ssc = job.start()
     job.run(ssc, 6)  # state checkpoints at 2, 4 and 6 s; the newest two stay on disk
     ssc.stop(stopSparkContext=False)
     checkpoints = CheckpointDir(job.job.checkpoint).load_log().state_checkpoints()
     assert len(checkpoints) == 2, checkpoints  # updateStateByKey and the incremental window
     newest_paths = []
-    for (stream, kept), how in zip(
-        sorted(checkpoints.items()), ("truncate", "delete"), strict=True
-    ):
+    # the running totals' parts are small; the window's span several 512-byte chunks
+    for (stream, kept), how in zip(sorted(checkpoints.items()), ("byte", "chunk"), strict=True):
         assert len(kept) >= 2, f"stream {stream} has no older checkpoint to fall back to: {kept}"
-        corrupt_checkpoint(kept[0][1], how)
+        cut_state_part(kept[0][1], how, rng)
         newest_paths.append(kept[0][1])
 
     ssc = job.start()
@@ -115,7 +134,7 @@ def test_state_lost_after_the_log_was_pruned_is_refused(job):
     (job.job.checkpoint / "log" / f"batch-{job.batch_ms}.json").unlink()  # as pruning would
     for _stream, kept in CheckpointDir(job.job.checkpoint).load_log().state_checkpoints().items():
         for _time, path in kept:
-            corrupt_checkpoint(path, "delete")
+            delete_first_part(path)
     with pytest.raises(CheckpointUnrecoverableError, match="has no readable state checkpoint"):
         job.start()
     assert os.path.exists(job.job.checkpoint / "metadata.json")
@@ -186,12 +205,11 @@ def test_an_unwritable_sink_for_seconds_is_ridden_out_by_retries(sc, tmp_path):
     aside = tmp_path / "out-aside"
     job.job.out.rename(aside)
     job.job.out.write_text("not a directory")
-    job.now_ms += job.batch_ms
-    ssc._clock.advance(job.batch_ms)
-    wait_until(lambda: ssc._scheduler.current and ssc._scheduler.current.retries >= 1, 60)
+    time_ms = job.advance(ssc)
+    job.wait_for_retry(ssc)
     job.job.out.unlink()
     aside.rename(job.job.out)
-    ssc._scheduler.wait_for_batch(job.now_ms, 60)
+    ssc._scheduler.wait_for_batch(time_ms, 60)
     job.run(ssc, 2)
     ssc.stop(stopSparkContext=False)
     retried = [info for info in ssc._scheduler.history if info.retries]
