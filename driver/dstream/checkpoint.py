@@ -4,9 +4,10 @@ Layout under the checkpoint path:
     metadata.json           zero time, the pickled DStream graph with its signature, and the
                             SparkContext's settings; written when a run starts (.bk: previous)
     log/batch-<ms>.json     the input ranges of a batch, written before the batch runs
-    log/commit-<ms>.json    written once the batch's output jobs finished; lists the state
-                            checkpoints that batch made, and its error if an output failed
-                            (a failed batch is done: a restart does not re-run it)
+    log/commit-<ms>.json    written once the batch's output jobs succeeded; lists the state
+                            checkpoints that batch made (a batch skipped under failurePolicy
+                            onExhausted: skip is committed with its error and skipped ranges,
+                            so a restart does not re-run it)
     state/                  Spark's reliable RDD checkpoints (sc.setCheckpointDir)
     deadletter/             malformed input records, per batch
 Every file is written to a temporary name, fsynced and renamed, and carries a checksum, so a
