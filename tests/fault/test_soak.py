@@ -426,15 +426,19 @@ def live_through(run: Run, job: FeedJob, rng: random.Random, tally: Tally) -> No
 
 def last_run(job: FeedJob, batch_log: BatchLogWatch, tally: Tally) -> list[Record]:
     """A driver that recovers and works until the soak's duration is over; then the producer
-    stops, and once a batch planned after that is recorded (it admits everything written), the
-    driver is stopped gracefully, which commits that batch. Everything the producer wrote."""
+    stops, and once the recorded batches have admitted everything it wrote (the next batch
+    planned does, however far behind the clock the batch times are), the driver is stopped
+    gracefully, which commits the batch running. Everything the producer wrote."""
     driver = start_driver(job)
     try:
         tally.committed(next_batch(driver))
         time.sleep(tally.until(DURATION_S))  # the rest of the soak's duration
         written = job.feed.producer.stop()
-        stopped_ms = int(time.time() * 1000)
-        wait_until(lambda: max(batch_log.records, default=0) >= stopped_ms, STEP_TIMEOUT_S)
+        admitted: dict[int, list[Record]] = {}
+        everything = len(written)
+        wait_until(
+            lambda: read_admitted(job.feed, batch_log, admitted) >= everything, STEP_TIMEOUT_S
+        )
         assert driver.terminate(timeout_s=120) == 0
     finally:
         driver.kill()
@@ -466,11 +470,21 @@ def admission_problems(admitted: dict[int, list[Record]], written: list[Record])
     return problems
 
 
+def read_admitted(feed: Feed, batch_log: BatchLogWatch, admitted: dict[int, list[Record]]) -> int:
+    """Add the records of each batch recorded since the last call to `admitted`, read back
+    from the input (once per batch: a record never changes); how many records that makes."""
+    for time_ms, record in list(batch_log.records.items()):
+        if time_ms not in admitted:
+            admitted[time_ms] = feed.admitted(record["ranges"])
+    return sum(len(records) for records in admitted.values())
+
+
 def verify_feed(
     job: FeedJob, batch_log: BatchLogWatch, written: list[Record]
 ) -> tuple[Verdict, list[str]]:
     """The verdict over every committed batch, and what is wrong with the admitted ranges."""
-    admitted = {t: job.feed.admitted(record["ranges"]) for t, record in batch_log.records.items()}
+    admitted: dict[int, list[Record]] = {}
+    read_admitted(job.feed, batch_log, admitted)
     problems = admission_problems(admitted, written)
     problems += [f"batch record {t} rewritten" for t in batch_log.rewritten]
     inputs = {t: word_counts(records) for t, records in admitted.items()}
