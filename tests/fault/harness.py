@@ -38,8 +38,8 @@ SPARK_TEST_CONF = {
 
 @dataclass
 class FaultJob:
-    """A faultapp job with backpressure off, written as a StreamingJob file: every batch time
-    runs with what arrived in its interval, so the reference can be computed batch by batch.
+    """A faultapp job with backpressure off, written as a StreamingJob file: every batch time is
+    a batch (none is coalesced into a later one), so the reference goes batch by batch.
     Subclasses say where the input comes from (`source`); the sink is the files sink under
     `out` unless they say otherwise (`sink`)."""
 

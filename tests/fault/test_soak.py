@@ -4,7 +4,7 @@ whole output checked at the end, exactly, against the input itself.
 
 The job is faultapp: a windowed WordCount with an inverse reduce plus `updateStateByKey` running
 totals. A feed says where its input comes from and where its output goes (SOAK_FEEDS picks them):
-- `files`: a writer drops a file of lines into the files source's directory every second; the
+- `files`: a writer drops a file of lines into the files source's directory every 3 s; the
   files sink's outage is its directory replaced by a regular file;
 - `redis`: a producer XADDs lines to two Redis streams four times a second (source.type redis);
   the output goes to PostgreSQL (sink.type postgres, mode append: a row per record and batch),
@@ -15,9 +15,10 @@ group at a random moment (as a lost pod), or at an exact spot through DSTREAM_FA
 between a batch's outputs and its commit, while a commit or a batch record is being written.
 Runs that die at a random moment also see executor JVMs killed mid-batch (Spark recomputes the
 lost tasks from lineage on the worker's replacement executor), and one of them the sink down for
-SOAK_OUTAGE_S seconds, which the failure policy rides out by retrying the batch. The next run
-starts right after each kill, as the operator would restart the pod. At the end the producer
-stops, the last run admits everything it wrote and is stopped gracefully.
+SOAK_OUTAGE_S seconds (and until a write has failed against it), which the failure policy rides
+out by retrying the batch. The next run starts right after each kill, as the operator would
+restart the pod. At the end the producer stops, the last run admits everything it wrote and is
+stopped gracefully.
 
 The reference takes nothing from the engine but the batch log: a batch's input is the range its
 record names (the files it listed, the Redis entry IDs), read back from the input itself. The
@@ -79,6 +80,7 @@ FEEDS = os.environ.get("SOAK_FEEDS", "redis").split(",")
 DEATHS = ("random", "random", "before-commit", "commit-write", "batch-record-write")
 POLICY = {"retries": 8, "backoffSeconds": 1}  # retries until 255 s after the first failure
 STEP_TIMEOUT_S = 300
+OUTPUT_RETRIED = "output operation(s) failed"  # the scheduler's warning before a retry
 LINES_PER_S = 100
 RECORD_BYTES = 60
 
@@ -172,9 +174,12 @@ class Feed:
         """The sink unavailable while the block runs."""
         raise NotImplementedError
 
-    def outage(self, seconds: float) -> None:
+    def outage(self, seconds: float, failed: Callable[[], bool]) -> None:
+        """The sink down for `seconds`, and until a write has failed against it (`failed`): a
+        slow batch's write could otherwise come after a short outage, which then proves nothing."""
         with self.sink_down():
             time.sleep(seconds)  # the outage itself, not a wait for a condition
+            wait_until(failed, STEP_TIMEOUT_S)
 
     def admitted(self, ranges: dict[str, Any]) -> list[Record]:
         """The records of a batch's recorded ranges, read back from the input."""
@@ -186,11 +191,12 @@ class Feed:
 
 
 class FilesFeed(Feed):
-    """A file of lines every second into the files source's directory (written under a hidden
-    name and renamed, as the source asks), the output into the files sink."""
+    """A file of lines every batch interval into the files source's directory (written under
+    a hidden name and renamed, as the source asks), the output into the files sink. The source
+    reads a file per task: a file a second would make a catch-up batch dozens of tasks."""
 
     name = "files"
-    every_s = 1.0
+    every_s = 3.0
 
     def __init__(self, root: Path, seed: int):
         super().__init__(root, seed)
@@ -400,6 +406,13 @@ def kill_executors(driver: Driver, job: FeedJob, run: Run, rng: random.Random, t
         tally.executor_recoveries.append(next_batch(driver) - killed_at)
 
 
+def sink_outage(driver: Driver, feed: Feed) -> None:
+    """The sink down: the batches writing meanwhile fail and are retried until one commits."""
+    since = len(driver.lines)
+    feed.outage(OUTAGE_S, lambda: any(OUTPUT_RETRIED in t.text for t in driver.lines[since:]))
+    next_batch(driver)
+
+
 def live_through(run: Run, job: FeedJob, rng: random.Random, tally: Tally) -> None:
     """Start a driver, put it through the run's faults, and kill it."""
     fault = None if run.death == "random" else f"{run.death}:{run.arrival}"
@@ -409,8 +422,7 @@ def live_through(run: Run, job: FeedJob, rng: random.Random, tally: Tally) -> No
             tally.committed(next_batch(driver))
             kill_executors(driver, job, run, rng, tally)
             if run.outage:
-                job.feed.outage(OUTAGE_S)
-                next_batch(driver)
+                sink_outage(driver, job.feed)
             time.sleep(tally.until(run.lives_s) + rng.uniform(0, job.batch_s))  # when it dies
             driver.kill()
         else:
@@ -515,6 +527,7 @@ def test_soak_under_driver_and_executor_kills_and_a_sink_outage(feed_type, tmp_p
     seed = int(os.environ.get("DSTREAM_FAULT_SEED", random.randrange(2**31)))
     print(f"\nDSTREAM_FAULT_SEED={seed} SOAK_FEEDS={feed_type}")
     rng = random.Random(seed)
+    assert feed_type in FEED_TYPES, f"SOAK_FEEDS: no feed {feed_type!r}, only {list(FEED_TYPES)}"
     with FEED_TYPES[feed_type](tmp_path, seed) as feed:
         job = FeedJob(
             tmp_path,
