@@ -2,9 +2,12 @@
 
 A `Driver` is one `dstream run` in its own process group (the Python driver, its Spark JVM and
 the Python workers), so a test can SIGKILL all of it at once, like a lost pod, or only the Python
-process, and never leaves a JVM behind. The reference output is computed straight from
-`dstream.textgen`: with backpressure off, batch k of a rate source holds exactly the offsets that
-became available in ((k-1)B, kB], so every batch's expected word counts are known in advance.
+process, and never leaves a JVM behind. The reference output is computed without the engine:
+with backpressure off, batch k of a rate source holds exactly the offsets that became available
+in ((k-1)B, kB], so every batch's expected word counts are known in advance (`dstream.textgen`
+gives the lines); for input arriving from outside, a batch's input is the range its record in
+the batch log names (`BatchLogWatch`), read back from the input itself. `judge` compares every
+committed batch with its input's word counts either way.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 import yaml
@@ -38,15 +41,14 @@ SPARK_TEST_CONF = {
 
 
 @dataclass
-class RateJob:
-    """A faultapp job on a rate source with backpressure off, written as a StreamingJob file."""
+class FaultJob:
+    """A faultapp job with backpressure off, written as a StreamingJob file: every batch time is
+    a batch (none is coalesced into a later one), so the reference goes batch by batch.
+    Subclasses say where the input comes from (`source`); the sink is the files sink under
+    `out` unless they say otherwise (`sink`)."""
 
     root: Path
     batch_s: int = 2
-    rate: int = 100
-    partitions: int = 2
-    seed: int = 11
-    record_bytes: int = 60
     window_s: int = 10  # 5 batches: the incremental (add entering, subtract leaving) path
     checkpoint_interval_s: int = 4
     parallelism: int = 1  # shuffle partitions: few tasks, as the suite shares 2 cores
@@ -66,6 +68,18 @@ class RateJob:
     def manifest(self) -> Path:
         return self.root / "job.yaml"
 
+    @property
+    def window_batches(self) -> int:
+        return self.window_s // self.batch_s
+
+    def source(self) -> dict[str, Any]:
+        """The spec's `source` block."""
+        raise NotImplementedError
+
+    def sink(self) -> dict[str, Any]:
+        """The spec's `sink` block."""
+        return {"type": "files", "files": {"path": str(self.out)}}
+
     def write(self) -> Path:
         spec: dict[str, Any] = {
             "batchInterval": f"{self.batch_s}s",
@@ -77,16 +91,8 @@ class RateJob:
                     "recordMicros": self.record_micros,
                 },
             },
-            "source": {
-                "type": "rate",
-                "rate": {
-                    "recordsPerSecond": self.rate,
-                    "partitions": self.partitions,
-                    "seed": self.seed,
-                    "recordBytes": self.record_bytes,
-                },
-            },
-            "sink": {"type": "files", "files": {"path": str(self.out)}},
+            "source": self.source(),
+            "sink": self.sink(),
             "checkpoint": {
                 "path": str(self.checkpoint),
                 "interval": f"{self.checkpoint_interval_s}s",
@@ -104,6 +110,28 @@ class RateJob:
         self.root.mkdir(parents=True, exist_ok=True)
         self.manifest.write_text(yaml.safe_dump(document))
         return self.manifest
+
+
+@dataclass
+class RateJob(FaultJob):
+    """A faultapp job on a rate source: its input is a pure function of time, so the reference
+    needs nothing but the job's settings (verify)."""
+
+    rate: int = 100
+    partitions: int = 2
+    seed: int = 11
+    record_bytes: int = 60
+
+    def source(self) -> dict[str, Any]:
+        return {
+            "type": "rate",
+            "rate": {
+                "recordsPerSecond": self.rate,
+                "partitions": self.partitions,
+                "seed": self.seed,
+                "recordBytes": self.record_bytes,
+            },
+        }
 
 
 @dataclass
@@ -138,7 +166,7 @@ class Driver:
         command = [sys.executable, "-m", "dstream", "run", str(self.manifest), "--port", "0"]
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(FAULT_DIR), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONPATH": python_path(),
             "PYSPARK_PYTHON": sys.executable,
             "DSTREAM_SPARK_LOG_LEVEL": "ERROR",
             **self.env,
@@ -239,6 +267,14 @@ class Driver:
         return code
 
 
+def python_path() -> str:
+    """This directory (faultapp) and the test process's PYTHONPATH, every entry absolute: the
+    executors' Python workers run in Spark's work directories, where a relative entry would
+    miss the tree under test and fall back to whatever `dstream` is installed."""
+    entries = [str(FAULT_DIR), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    return os.pathsep.join(os.path.abspath(entry) for entry in entries if entry)
+
+
 def executor_pids(pgid: int) -> dict[int, str]:
     """Spark executor JVMs in a process group (local-cluster mode), with their --app-id."""
     found = {}
@@ -304,16 +340,23 @@ class BatchOutput:
     window: dict[str, int]
 
 
-def read_batch(directory: Path) -> BatchOutput:
-    """One batch directory of the files sink, split into the faultapp's three outputs."""
+def batch_output(records: Iterable[tuple[Sequence[str], int]], where: str) -> BatchOutput:
+    """One batch's faultapp records, ((kind, key), value), split into its three outputs; a key
+    twice in a batch means the batch was written twice."""
     found: dict[str, dict[str, int]] = {"count": {}, "total": {}, "window": {}}
-    for part in sorted(directory.glob("part-*")):
-        for text in part.read_text().splitlines():
-            record = json.loads(text)
-            kind, key = record["key"]
-            assert key not in found[kind], f"{directory.name}: {kind} {key!r} twice"
-            found[kind][key] = record["value"]
+    for (kind, key), value in records:
+        assert key not in found[kind], f"{where}: {kind} {key!r} twice"
+        found[kind][key] = value
     return BatchOutput(Counter(found["count"]), found["total"], found["window"])
+
+
+def read_batch(directory: Path) -> BatchOutput:
+    """One batch directory of the files sink."""
+    lines = (
+        text for part in sorted(directory.glob("part-*")) for text in part.read_text().splitlines()
+    )
+    records = (json.loads(text) for text in lines)
+    return batch_output(((r["key"], r["value"]) for r in records), directory.name)
 
 
 def batch_dirs(out: Path) -> dict[int, Path]:
@@ -340,61 +383,93 @@ class Verdict:
 
 
 def verify(job: RateJob) -> Verdict:
-    """Compare every committed batch with the reference: the batch's counts, the running totals
-    and the window, then the union of all counts with the input's counts over [0, N)."""
+    """The rate job's committed batches against the offsets each batch time made available."""
+    batch_ms = job.batch_s * 1000
+    outputs = {t: read_batch(d) for t, d in batch_dirs(job.out).items()}
+    zero, batches = zero_ms(job.checkpoint), len(outputs)
+    expected = expected_batch_counts(job, batches)
+    inputs = {zero + k * batch_ms: counts for k, counts in enumerate(expected, start=1)}
+    end = available(job, batches * batch_ms)
+    reference = word_counts(job, [0] * job.partitions, end)
+    return judge(job, outputs, inputs, reference, sum(end))
+
+
+def judge(
+    job: FaultJob,
+    outputs: dict[int, BatchOutput],
+    inputs: dict[int, Counter[str]],
+    reference: Counter[str],
+    records: int,
+) -> Verdict:
+    """Every committed batch against the word counts of its input (`inputs`, by batch time):
+    the batch's counts, the running totals per initial and the window; then the union of all
+    counts against the reference (the words of all `records` of input): lost and duplicated."""
     zero, batch_ms = zero_ms(job.checkpoint), job.batch_s * 1000
-    found = batch_dirs(job.out)
-    indices = sorted((t - zero) // batch_ms for t in found)
-    assert indices == list(range(1, len(indices) + 1)), f"batches missing: {indices}"
-    expected = expected_batch_counts(job, len(indices))
+    times = [zero + k * batch_ms for k in range(1, len(inputs) + 1)]
+    assert sorted(inputs) == times, f"batch times missing: {sorted(inputs)}"
+    assert sorted(outputs) == times, f"batches committed {sorted(outputs)}, expected {times}"
     mismatched: list[str] = []
     union: Counter[str] = Counter()
     totals: Counter[str] = Counter()
-    for k, counts in enumerate(expected, start=1):
-        output = read_batch(found[zero + k * batch_ms])
+    expected = [inputs[t] for t in times]
+    for k, (time_ms, counts) in enumerate(zip(times, expected, strict=True), start=1):
+        output = outputs[time_ms]
         union.update(output.counts)
         for word, n in counts.items():
             totals[word[0]] += n
-        window: Counter[str] = sum(expected[max(0, k - job.window_s // job.batch_s) : k], Counter())
+        window: Counter[str] = sum(expected[max(0, k - job.window_batches) : k], Counter())
         for name, got, want in (
             ("counts", output.counts, counts),
             ("totals", output.totals, dict(totals)),
             ("window", output.window, dict(window)),
         ):
             if dict(got) != dict(want):
-                mismatched.append(f"batch {k} ({zero + k * batch_ms}) {name}")
-    end = available(job, len(indices) * batch_ms)
-    reference = word_counts(job, [0] * job.partitions, end)
+                mismatched.append(f"batch {k} ({time_ms}) {name}")
     lost = sum((reference - union).values())
     duplicated = sum((union - reference).values())
-    return Verdict(len(indices), sum(end), sum(reference.values()), lost, duplicated, mismatched)
+    return Verdict(len(times), records, sum(reference.values()), lost, duplicated, mismatched)
 
 
-class PartialOutputWatch:
-    """Polls the sink directory while the job runs: a visible batch directory must be whole."""
+class Watch:
+    """A thread that polls something of the running job every `interval_s`, and once more on
+    leaving (what the last moments wrote)."""
 
-    def __init__(self, out: Path, interval_s: float = 0.1):
-        self.out = out
+    def __init__(self, interval_s: float):
         self.interval_s = interval_s
-        self.partial: list[str] = []
         self.polls = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
-    def __enter__(self) -> PartialOutputWatch:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self.poll()
 
     def _watch(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.polls += 1
-            for directory in _visible_dirs(self.out):
-                if not (directory / "_SUCCESS").exists() and directory.exists():
-                    self.partial.append(directory.name)
+            self.poll()
+
+    def poll(self) -> None:
+        raise NotImplementedError
+
+
+class PartialOutputWatch(Watch):
+    """Polls the sink directory while the job runs: a visible batch directory must be whole."""
+
+    def __init__(self, out: Path, interval_s: float = 0.1):
+        super().__init__(interval_s)
+        self.out = out
+        self.partial: list[str] = []
+
+    def poll(self) -> None:
+        for directory in _visible_dirs(self.out):
+            if not (directory / "_SUCCESS").exists() and directory.exists():
+                self.partial.append(directory.name)
 
 
 def _visible_dirs(out: Path) -> Iterator[Path]:
@@ -403,6 +478,28 @@ def _visible_dirs(out: Path) -> Iterator[Path]:
     for entry in out.iterdir():
         if not entry.name.startswith((".", "_")):
             yield entry
+
+
+class BatchLogWatch(Watch):
+    """Every batch record (`log/batch-<ms>.json`: the input ranges a batch admitted) the job
+    writes, kept as it appears: the engine prunes records a few windows old, and a reference
+    computed from the recorded input needs them all. A record, once written, must never change
+    (a replay reads it, it does not plan again): `rewritten` lists batch times that did."""
+
+    def __init__(self, checkpoint: Path, interval_s: float = 0.25):
+        super().__init__(interval_s)
+        self.log_dir = checkpoint / "log"
+        self.records: dict[int, dict[str, Any]] = {}
+        self.rewritten: list[int] = []
+
+    def poll(self) -> None:
+        for path in self.log_dir.glob("batch-*.json"):
+            try:
+                record = json.loads(path.read_text())["body"]
+            except FileNotFoundError:
+                continue  # pruned since the listing
+            if self.records.setdefault(record["time"], record) != record:
+                self.rewritten.append(record["time"])
 
 
 # -- the same job in this process, on a manual clock ------------------------------------------
