@@ -80,7 +80,7 @@ FEEDS = os.environ.get("SOAK_FEEDS", "redis").split(",")
 DEATHS = ("random", "random", "before-commit", "commit-write", "batch-record-write")
 POLICY = {"retries": 8, "backoffSeconds": 1}  # retries until 255 s after the first failure
 STEP_TIMEOUT_S = 300
-OUTPUT_RETRIED = "output operation(s) failed"  # the scheduler's warning before a retry
+OUTPUT_RETRIED = "running its outputs failed"  # the scheduler's warning before a retry
 LINES_PER_S = 100
 RECORD_BYTES = 60
 
