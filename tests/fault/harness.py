@@ -573,12 +573,17 @@ def wait_until(condition: Callable[[], Any], timeout_s: float) -> Any:
     return value
 
 
-def fault_rng() -> random.Random:
-    """The suite's random choices, seeded from DSTREAM_FAULT_SEED when it is set (to replay a
-    run), else at random; the seed is printed either way."""
+def fault_seed() -> int:
+    """The seed of a test's random choices: DSTREAM_FAULT_SEED when it is set (to replay a
+    run), else a random one; printed either way."""
     seed = int(os.environ.get("DSTREAM_FAULT_SEED", random.randrange(2**31)))
     print(f"\nDSTREAM_FAULT_SEED={seed}")
-    return random.Random(seed)
+    return seed
+
+
+def fault_rng() -> random.Random:
+    """The test's random choices, from fault_seed()."""
+    return random.Random(fault_seed())
 
 
 def truncate_at_random_byte(path: Path, rng: random.Random) -> None:

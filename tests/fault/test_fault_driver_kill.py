@@ -11,7 +11,6 @@ failure can be replayed.
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import time
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from harness import Driver, PartialOutputWatch, RateJob, Verdict, verify
+from harness import Driver, PartialOutputWatch, RateJob, Verdict, fault_seed, verify
 
 ROUND_TIMEOUT_S = 240
 RECOVERED = re.compile(r"recovered from .*: re-running (\d+) uncommitted batches")
@@ -80,8 +79,7 @@ def fault_plan(rng: random.Random) -> list[tuple[str, int]]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_driver_killed_repeatedly_output_exact(tmp_path):
-    seed = int(os.environ.get("DSTREAM_FAULT_SEED", random.randrange(2**31)))
-    print(f"\nDSTREAM_FAULT_SEED={seed}")
+    seed = fault_seed()
     rng = random.Random(seed)
     job = RateJob(tmp_path, batch_s=4, window_s=20, checkpoint_interval_s=8, seed=seed % 1000)
     job.write()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pyspark
 import pytest
-from harness import Driver, Line, RateJob, batch_dirs, executor_pids, verify
+from harness import Driver, Line, RateJob, batch_dirs, executor_pids, fault_seed, verify
 
 BATCH_TIMEOUT_S = 240
 MOST_BATCHES_BEFORE_KILL = 4  # to get on schedule after the executors' cold start
@@ -54,8 +54,7 @@ def next_batches(driver: Driver, most: int, until) -> list[Line]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_executor_killed_mid_batch_output_unchanged(tmp_path):
-    seed = int(os.environ.get("DSTREAM_FAULT_SEED", random.randrange(2**31)))
-    print(f"\nDSTREAM_FAULT_SEED={seed}")
+    seed = fault_seed()
     rng = random.Random(seed)
     job = RateJob(
         tmp_path,

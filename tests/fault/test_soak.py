@@ -65,6 +65,7 @@ from harness import (
     batch_dirs,
     batch_output,
     executor_pids,
+    fault_seed,
     judge,
     read_batch,
     wait_until,
@@ -528,8 +529,8 @@ def soak_line(tally: Tally, verdict: Verdict, feed: str) -> str:
 @pytest.mark.timeout(600 + 180 * (DRIVER_KILLS + EXECUTOR_KILLS) + DURATION_S)
 @pytest.mark.parametrize("feed_type", FEEDS)
 def test_soak_under_driver_and_executor_kills_and_a_sink_outage(feed_type, tmp_path):
-    seed = int(os.environ.get("DSTREAM_FAULT_SEED", random.randrange(2**31)))
-    print(f"\nDSTREAM_FAULT_SEED={seed} SOAK_FEEDS={feed_type}")
+    print(f"\nSOAK_FEEDS={feed_type}")
+    seed = fault_seed()
     rng = random.Random(seed)
     assert feed_type in FEED_TYPES, f"SOAK_FEEDS: no feed {feed_type!r}, only {list(FEED_TYPES)}"
     with FEED_TYPES[feed_type](tmp_path, seed) as feed:
