@@ -82,13 +82,22 @@ def write_report(
     recovery: dict[str, Any],
     gate: Any,
     plan: Any,
+    pending: list[str],
 ) -> Path:
+    """The report of what the run has measured so far; `pending` names what it has not (yet)."""
     directory.mkdir(parents=True, exist_ok=True)
     text = [
         f"# Benchmark results, {stamp}",
         "",
         "Produced by `make bench` (`python -m bench`); method in bench/README.md.",
         "",
+    ]
+    if pending:
+        text += [
+            f"**Partial**: written while the run went on; not measured: {', '.join(pending)}.",
+            "",
+        ]
+    text += [
         "## Machine and conditions",
         "",
         f"- {machine['cores']} cores ({machine['cpu']}), {machine['memory_gb']} GB memory, "
@@ -117,7 +126,7 @@ def write_report(
     text += [
         f"## Recovery (WordCount, `{recovery.get('daemon', '')}`)",
         "",
-        *recovery_table(recovery),
+        *(["Not run yet."] if "recovery" in pending else recovery_table(recovery)),
         "",
     ]
     path = directory / f"{stamp}.md"
@@ -128,6 +137,7 @@ def write_report(
         "plan": asdict(plan),
         "tables": tables,
         "recovery": recovery,
+        "pending": pending,
     }
     (directory / f"{stamp}.json").write_text(json.dumps(raw, indent=1, default=str))
     return path

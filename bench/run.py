@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -239,8 +240,11 @@ def run_table(
     variants: set[str] | None,
     plan: Plan,
     gate: Gate,
-) -> dict[str, Any]:
-    """Every (system, variant) on `daemon`: {workload: {"system/variant": row}}, plus all events."""
+    table: dict[str, Any],
+    measured: Callable[[], None],
+) -> None:
+    """Every (system, variant) on `daemon` into `table` ({workload: {"system/variant": row}}),
+    calling `measured` after each workload."""
     progress(f"== worker daemon {daemon}: starting {', '.join(systems)}")
     workers = {system: Worker(system, daemon) for system in systems}
     pairs = [
@@ -249,16 +253,15 @@ def run_table(
         for variant in SYSTEM_CLASSES[system].variants
         if variants is None or variant in variants
     ]
-    table: dict[str, Any] = {}
     try:
         for workload in workloads:
             progress(f"== {workload} on {daemon}: {len(pairs)} searches, interleaved")
             rows = search_workload(workers, pairs, workload, plan, gate)
             table[workload] = {f"{s}/{v}": row for (s, v), row in rows.items()}
+            measured()
     finally:
         for worker in workers.values():
             worker.close()
-    return table
 
 
 def summary_lines(table: dict[str, Any], label: str) -> list[str]:
@@ -301,26 +304,52 @@ def main(argv: list[str] | None = None) -> int:
     variants = set(args.variants.split(",")) if args.variants else None
     machine = describe_machine()
     started = time.time()
-    tables = {
-        daemon: run_table(daemon, systems, workloads, variants, plan, gate)
-        for daemon in args.daemons.split(",")
-    }
+    daemons = args.daemons.split(",")
+    writes = not (args.quick or args.allow_load)
+    stamp = datetime.now().strftime("%Y-%m-%d")
+    tables: dict[str, dict[str, Any]] = {daemon: {} for daemon in daemons}
+    recovery: dict[str, Any] = {}
+
+    def write(pending: list[str]) -> None:
+        """The results so far: a run of hours may be stopped, and what it measured stays."""
+        if writes:
+            from bench.report import write_report
+
+            machine["load_at_end"] = os.getloadavg()
+            path = write_report(RESULTS, stamp, machine, tables, recovery, gate, plan, pending)
+            progress(f"results{' so far' if pending else ''}: {path}")
+
+    def not_yet_measured() -> list[str]:
+        pending = [
+            f"{workload} on {daemon}"
+            for daemon in daemons
+            for workload in workloads
+            if workload not in tables[daemon]
+        ]
+        return pending + ([] if args.no_recovery or recovery else ["recovery"])
+
+    for daemon in daemons:
+        run_table(
+            daemon,
+            systems,
+            workloads,
+            variants,
+            plan,
+            gate,
+            tables[daemon],
+            lambda: write(not_yet_measured()),
+        )
     label = "QUICK RUN: search trials only, no confirmation; NOT A RESULT" if args.quick else ""
     if args.allow_load:
         label = "SMOKE RUN with --allow-load (other processes loaded the machine); NOT A RESULT"
     for daemon, table in tables.items():
         print("\n".join(summary_lines(table, f"{label or 'RESULT'}: worker daemon {daemon}")))
     print(f"({time.time() - started:.0f} s)", flush=True)
-    if args.quick or args.allow_load:
-        return 0
-    from bench.recovery import run_recovery
-    from bench.report import write_report
+    if writes and not args.no_recovery:
+        from bench.recovery import run_recovery
 
-    recovery = {} if args.no_recovery else run_recovery(systems, tables[DAEMONS[0]], DAEMONS[0])
-    machine["load_at_end"] = os.getloadavg()
-    stamp = datetime.now().strftime("%Y-%m-%d")
-    path = write_report(RESULTS, stamp, machine, tables, recovery, gate, plan)
-    print(f"results: {path}", flush=True)
+        recovery.update(run_recovery(systems, tables[DAEMONS[0]], DAEMONS[0]))
+        write([])
     return 0
 
 

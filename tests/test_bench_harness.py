@@ -231,8 +231,28 @@ def test_report_prints_no_figure_without_a_confirmation(tmp_path):
         {},
         Gate(0.25, 10, 2, False),
         PLANS["full"],
+        [],
     )
     text = path.read_text()
     assert "| wordcount | dstream/tuned | confirmed | 123,000 |" in text
     assert "| wordcount | pyspark.streaming/tuned | no passing rate | none |" in text
     assert "wrong output: batch 7 | none |" in text
+
+
+def test_a_partial_report_names_what_it_has_not_measured(tmp_path):
+    """A run of hours writes after each workload: a stopped run keeps what it measured."""
+    from bench.report import write_report
+    from bench.run import PLANS, Gate
+
+    rows = {"dstream/tuned": {"status": "confirmed", "rate": 90_000}}
+    machine = {"cores": 2, "cpu": "x", "memory_gb": 1, "os": "y", "python": "3.11"}
+    machine |= {"pyspark": "4", "java": "17", "load_at_start": (1, 1, 1), "load_at_end": (1, 1, 1)}
+    pending = ["topk on dstream.pydaemon", "recovery"]
+    tables = {"dstream.pydaemon": {"wordcount": rows}}
+    gate, plan = Gate(0.25, 10, 2, False), PLANS["full"]
+    text = write_report(tmp_path, "today", machine, tables, {}, gate, plan, pending).read_text()
+    assert "**Partial**" in text and "not measured: topk on dstream.pydaemon, recovery" in text
+    assert "| wordcount | dstream/tuned | confirmed | 90,000 |" in text
+    assert "Not run yet." in text and "--no-recovery" not in text
+    text = write_report(tmp_path, "today", machine, tables, {}, gate, plan, []).read_text()
+    assert "Partial" not in text and "--no-recovery" in text
