@@ -51,7 +51,7 @@ exactly-once: setup debian-packages
 
 # The soak (docs/fault-tolerance.md): 20 driver kills, 20 executor kills and a 20 s sink outage
 # on local-cluster[2,1,1024] while input arrives, output checked exactly against it, for each
-# feed: files -> files, Redis Streams -> PostgreSQL (make test: the redis feed, 5 + 5, 5 s).
+# feed: files -> files, Redis Streams -> PostgreSQL (make test: the redis feed, 3 + 3, 5 s).
 soak: setup debian-packages
 	SOAK_FEEDS=files,redis SOAK_DRIVER_KILLS=20 SOAK_EXECUTOR_KILLS=20 SOAK_OUTAGE_S=20 \
 		$(BIN)/python -m pytest -s -ra tests/fault/test_soak.py

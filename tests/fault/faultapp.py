@@ -7,8 +7,8 @@ directory written by the files sink, and the test checks every kind from the sam
 - ("window", word): counts over the last `window` seconds, incrementally with an inverse function.
 With `taskSleepSeconds`, every input task first sleeps that long, so that a test can kill an
 executor while it is certainly in the middle of a batch; with `recordMicros`, every record costs
-that much wall-clock time, so that a test can overload the job at a rate whose reference is
-cheap to compute. Neither changes the output.
+that much wall-clock time (slept, not spun), so that a test can overload the job at a rate whose
+reference is cheap to compute. Neither changes the output.
 """
 
 from __future__ import annotations
@@ -35,21 +35,24 @@ def pause_then_pass(seconds: float) -> Any:
     return pause
 
 
-def spin_then_pass(micros: float) -> Any:
-    def spin(line: str) -> str:
-        deadline = time.perf_counter() + micros / 1e6
-        while time.perf_counter() < deadline:
-            pass
-        return line
+def pause_per_record(micros: float) -> Any:
+    """Each partition waits `micros` per record it holds: the wall-clock cost of heavy records,
+    without the CPU a spin would burn (the overload test would otherwise hold both cores for its
+    whole run, starving the tests beside it, and slow down itself as they load the machine)."""
 
-    return spin
+    def pause(records: Iterator[str]) -> Iterator[str]:
+        held = list(records)
+        time.sleep(len(held) * micros / 1e6)
+        return iter(held)
+
+    return pause
 
 
 def build(ssc: StreamingContext, lines: DStream, args: dict[str, Any]) -> DStream:
     if args.get("taskSleepSeconds"):
         lines = lines.mapPartitions(pause_then_pass(float(args["taskSleepSeconds"])))
     if args.get("recordMicros"):
-        lines = lines.map(spin_then_pass(float(args["recordMicros"])))
+        lines = lines.mapPartitions(pause_per_record(float(args["recordMicros"])))
     words = lines.flatMap(lambda line: ((word, 1) for word in line.split()))
     counts = words.reduceByKey(operator.add).cache()  # shared by all three outputs
     totals = counts.map(lambda kv: (kv[0][0], kv[1])).updateStateByKey(add_counts)

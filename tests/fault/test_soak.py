@@ -28,7 +28,7 @@ must equal those of its input (harness.judge). One line per feed:
 
     soak: driver_kills=N executor_kills=M batches=B lost=L duplicated=D recovery_p50=Xs ... feed=F
 
-`make test` runs the redis feed with 5 + 5 kills; `make soak` runs both feeds with 20 + 20 and a
+`make test` runs the redis feed with 3 + 3 kills; `make soak` runs both feeds with 20 + 20 and a
 20 s outage (SOAK_DRIVER_KILLS, SOAK_EXECUTOR_KILLS, SOAK_OUTAGE_S, SOAK_FEEDS; SOAK_DURATION_S
 stretches the runs over at least that many seconds; DSTREAM_FAULT_SEED replays a schedule).
 Recovery is the time from a driver kill to the first batch the next run commits: it includes
@@ -73,8 +73,8 @@ from harness import (
 from postgres_server import PostgresServer, running_postgres
 from servers import RedisServer
 
-DRIVER_KILLS = int(os.environ.get("SOAK_DRIVER_KILLS", "5"))
-EXECUTOR_KILLS = int(os.environ.get("SOAK_EXECUTOR_KILLS", "5"))
+DRIVER_KILLS = int(os.environ.get("SOAK_DRIVER_KILLS", "3"))
+EXECUTOR_KILLS = int(os.environ.get("SOAK_EXECUTOR_KILLS", "3"))
 OUTAGE_S = float(os.environ.get("SOAK_OUTAGE_S", "5"))
 DURATION_S = float(os.environ.get("SOAK_DURATION_S", "0"))
 FEEDS = os.environ.get("SOAK_FEEDS", "redis").split(",")
