@@ -30,9 +30,9 @@ def test_a_heavy_query_leaves_batch_processing_within_two_intervals(tmp_path):
     spec = {
         "batchInterval": f"{BATCH_S:.0f}s",
         "app": {"builtin": "grep", "args": {"pattern": "a"}},
-        "source": {"type": "rate", "rate": {"recordsPerSecond": 40_000, "partitions": 2}},
+        "source": {"type": "rate", "rate": {"recordsPerSecond": 150_000, "partitions": 2}},
         "sink": {"type": "console", "console": {"num": 1}},
-        "backpressure": {"enabled": True, "initialRate": 40_000},
+        "backpressure": {"enabled": True, "initialRate": 150_000},
     }
     with running_driver(tmp_path, "querypool", spec) as driver:
         driver.wait_for_batches(RETAINED, timeout_s=300)
