@@ -7,6 +7,7 @@ Credentials come from the official client's configuration loaders (in-cluster or
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from typing import Any
 
@@ -23,6 +24,8 @@ PLURALS = {
     "StreamingJob": "streamingjobs",
     "Event": "events",
 }
+RETRY_AFTER_ATTEMPTS = 5  # answers with Retry-After honoured per request, as client-go does
+RETRY_AFTER_MAX_S = 10.0
 
 
 def configuration_from_environment() -> kubernetes.client.Configuration:
@@ -41,6 +44,15 @@ class KubeError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+
+
+def retry_after(response: aiohttp.ClientResponse) -> float | None:
+    """Seconds the API server asked to wait before sending a request again; None if it did not
+    ask (only 429 and 5xx answers may, and only in seconds)."""
+    value = response.headers.get("Retry-After", "")
+    if (response.status != 429 and response.status < 500) or not value.isdigit():
+        return None
+    return min(float(value), RETRY_AFTER_MAX_S)
 
 
 def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
@@ -82,7 +94,10 @@ class Kube:
     async def _request(
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"
     ) -> dict[str, Any] | None:
-        """The decoded answer; None for 404; KubeError for any other failure."""
+        """The decoded answer; None for 404; KubeError for any other failure. An answer with
+        Retry-After (429, or a 5xx such as "No API token found for service account" while the
+        token controller has yet to fill in a new ServiceAccount) did nothing: it is sent
+        again after the delay asked, a few times, before it counts as a failure."""
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=self._ssl())
             self._session = aiohttp.ClientSession(
@@ -90,12 +105,18 @@ class Kube:
             )
         headers = self._headers() | {"Content-Type": content_type}
         url = self._configuration.host.rstrip("/") + path
-        async with self._session.request(method, url, json=body, headers=headers) as response:
-            if response.status == 404:
-                return None
-            if response.status >= 400:
-                raise KubeError(response.status, await response.text())
-            return await response.json(content_type=None)
+        attempt = 1
+        while True:
+            async with self._session.request(method, url, json=body, headers=headers) as response:
+                if response.status == 404:
+                    return None
+                if response.status < 400:
+                    return await response.json(content_type=None)
+                delay = retry_after(response)
+                if delay is None or attempt == RETRY_AFTER_ATTEMPTS:
+                    raise KubeError(response.status, await response.text())
+            attempt += 1
+            await asyncio.sleep(delay)
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         """Create; None if it already exists (creation is how the operator claims a name)."""

@@ -7,20 +7,20 @@ import pytest
 import pytest_asyncio
 import yaml
 from aiohttp import web
-from dstream_operator.kube import Kube
+from dstream_operator.kube import RETRY_AFTER_ATTEMPTS, Kube, KubeError
 
 pytestmark = pytest.mark.asyncio
 
 
-async def _serve(answers: list[tuple[int, dict]]):
-    """A stand-in API server that gives the answers in turn (the last one from then on) and
-    records the requests it was sent."""
+async def _serve(answers: list[tuple[int, dict]], headers: dict[int, dict[str, str]] | None = None):
+    """A stand-in API server that gives the answers in turn (the last one from then on), with
+    `headers[n]` on the n-th (from 1), and records the requests it was sent."""
     seen: list[web.Request] = []
 
     async def answer(request: web.Request) -> web.Response:
         seen.append(request)
         status, body = answers[min(len(seen), len(answers)) - 1]
-        return web.json_response(body, status=status)
+        return web.json_response(body, status=status, headers=(headers or {}).get(len(seen)))
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", answer)
@@ -98,3 +98,52 @@ async def test_apply_creates_again_what_vanished_between_create_and_patch():
         ("PATCH", "/api/v1/namespaces/jobs/serviceaccounts/sa"),
         ("POST", "/api/v1/namespaces/jobs/serviceaccounts"),
     ]
+
+
+TOKEN_NOT_YET = {
+    "kind": "Status",
+    "code": 500,
+    "reason": "ServerTimeout",
+    "message": 'No API token found for service account "job-driver", retry after the token is '
+    "automatically created and added to the service account",
+    "details": {"name": "create pod", "kind": "serviceaccounts", "retryAfterSeconds": 1},
+}
+POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "job-driver", "namespace": "jobs"}}
+
+
+async def test_an_answer_with_retry_after_is_sent_again_after_the_delay():
+    """Regression: a driver pod created right after its new ServiceAccount was refused with
+    500 and Retry-After: 1 (Kubernetes 1.20's token controller had not run yet); the operator
+    counted an error instead of asking again as the API server said to."""
+    runner, url, seen = await _serve(
+        [(500, TOKEN_NOT_YET), (201, POD)], headers={1: {"Retry-After": "1"}}
+    )
+    kube = Kube(kubernetes.client.Configuration(host=url))
+    try:
+        assert await kube.create(POD) == POD
+    finally:
+        await kube.close()
+        await runner.cleanup()
+    assert [r.method for r in seen] == ["POST", "POST"]
+
+
+async def test_a_failure_without_retry_after_or_that_persists_is_raised():
+    runner, url, seen = await _serve([(500, TOKEN_NOT_YET)])
+    kube = Kube(kubernetes.client.Configuration(host=url))
+    try:
+        with pytest.raises(KubeError, match="HTTP 500: .*No API token found"):
+            await kube.create(POD)
+        assert len(seen) == 1
+    finally:
+        await kube.close()
+        await runner.cleanup()
+    every = {n: {"Retry-After": "0"} for n in range(1, 10)}
+    runner, url, seen = await _serve([(429, {"code": 429})], headers=every)
+    kube = Kube(kubernetes.client.Configuration(host=url))
+    try:
+        with pytest.raises(KubeError, match="HTTP 429"):
+            await kube.create(POD)
+        assert len(seen) == RETRY_AFTER_ATTEMPTS
+    finally:
+        await kube.close()
+        await runner.cleanup()
