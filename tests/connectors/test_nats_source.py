@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import uuid
 
@@ -142,6 +143,28 @@ def test_an_unreachable_server_or_a_missing_stream_is_named(ssc, nats_server):
         source_for(ssc, "nats://127.0.0.1:1", "EVENTS")
     with pytest.raises(SourceError, match=r"nats stream 'NOSUCH' does not exist"):
         source_for(ssc, nats_server.url, "NOSUCH")
+
+
+def test_a_server_that_closes_before_its_greeting_is_retried_as_unreachable(ssc):
+    """Regression: a nats-server shutting down for a restart accepted a connection and closed
+    it before sending INFO; nats-py's plain Error for that was taken for a refusal, and the
+    driver stopped instead of retrying until the server was back."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        closer = threading.Thread(target=close_every_connection, args=(listener,), daemon=True)
+        closer.start()
+        with pytest.raises(SourceError, match=rf"nats://127\.0\.0\.1:{port} unreachable") as caught:
+            NatsInputDStream(ssc, f"nats://127.0.0.1:{port}", "EVENTS", retry_seconds=1)
+    assert "empty response from server" in str(caught.value)
+
+
+def close_every_connection(listener: socket.socket) -> None:
+    while True:
+        try:
+            connection, _ = listener.accept()
+        except OSError:
+            return  # the listener was closed
+        connection.close()
 
 
 @pytest.mark.parametrize(

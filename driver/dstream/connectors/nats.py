@@ -77,9 +77,10 @@ async def _quiet(error: Exception) -> None:
 
 
 async def _with_jetstream(url: str, work: Callable[[JetStreamContext], Awaitable[T]]) -> T:
-    """One connection, one unit of work: one attempt to connect (with_backoff retries). The
-    password (source.nats.passwordSecret) comes from the environment: with a user in the URL it
-    is that user's password, without one it is the server's token."""
+    """One connection, one unit of work: one attempt to connect (with_backoff retries; a
+    connection that fails other than by a refused login is transient). The password
+    (source.nats.passwordSecret) comes from the environment: with a user in the URL it is that
+    user's password, without one it is the server's token."""
     password = os.environ.get(password_env("nats"))
     user = urlsplit(url).username
     credentials = {}
@@ -96,12 +97,13 @@ async def _with_jetstream(url: str, work: Callable[[JetStreamContext], Awaitable
             error_cb=_quiet,
         )
     except nats.errors.Error as error:
-        if "authorization violation" not in str(error).lower():
-            raise
-        raise SourceError(
-            f"nats server {url} refused the login ({error}); the password or token comes from "
-            f"{password_env('nats')} (source.nats.passwordSecret)"
-        ) from None
+        if "authorization violation" in str(error).lower():
+            raise SourceError(
+                f"nats server {url} refused the login ({error}); the password or token comes "
+                f"from {password_env('nats')} (source.nats.passwordSecret)"
+            ) from None
+        # e.g. a server that is shutting down or starting accepts and closes before its INFO
+        raise ConnectionError(f"no session with the server: {error}") from error
     try:
         return await work(client.jetstream(timeout=10))
     finally:
