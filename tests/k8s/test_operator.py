@@ -826,7 +826,9 @@ def test_a_restarted_operator_adopts_its_jobs_without_a_second_driver(k8s: Harne
 
 def test_a_job_deleted_and_created_again_starts_afresh(k8s: Harness):
     """`kubectl delete` then `kubectl apply` of the same name: the old driver, still being
-    garbage-collected, is no driver of the new job, and its end is no restart."""
+    garbage-collected, is no driver of the new job, and its end is no restart. The garbage
+    collector watches a newly installed CRD's objects only from its next discovery sync (every
+    30 s), so in a fresh cluster the old driver can outlive the old job by that much more."""
     k8s.create_job("again")
     old = k8s.running_driver("again")
     k8s.delete_job("again")
@@ -837,6 +839,7 @@ def test_a_job_deleted_and_created_again_starts_afresh(k8s: Harness):
     new = k8s.wait_for(
         "the new job's driver",
         lambda: (pod := k8s.driver("again")) and pod.metadata.uid != old.metadata.uid and pod,
+        timeout=WAIT_SECONDS + 30,
     )
     assert new.metadata.owner_references[0].uid == uid
     status = k8s.wait_for("phase Starting", k8s.phase_is("again", "Starting"))
