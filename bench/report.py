@@ -123,8 +123,9 @@ def write_report(
     ]
     for daemon, table in tables.items():
         text += [f"## Throughput, every system on `{daemon}`", "", *throughput_table(table), ""]
+    daemon = recovery.get("daemon")
     text += [
-        f"## Recovery (WordCount, `{recovery.get('daemon', '')}`)",
+        "## Recovery (WordCount" + (f", `{daemon}`)" if daemon else ")"),
         "",
         *(["Not run yet."] if "recovery" in pending else recovery_table(recovery)),
         "",

@@ -256,3 +256,4 @@ def test_a_partial_report_names_what_it_has_not_measured(tmp_path):
     assert "Not run yet." in text and "--no-recovery" not in text
     text = write_report(tmp_path, "today", machine, tables, {}, gate, plan, []).read_text()
     assert "Partial" not in text and "--no-recovery" in text
+    assert "## Recovery (WordCount)\n" in text  # no daemon named when none ran
