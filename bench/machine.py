@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import psutil
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 @dataclass
 class LoadSample:
@@ -140,6 +142,17 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def git_commit() -> str:
+    """The commit the benchmark runs from, "+changes" when the tree differs from it."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def describe_machine() -> dict[str, object]:
     import pyspark
 
@@ -151,5 +164,4 @@ def describe_machine() -> dict[str, object]:
         "python": sys.version.split()[0],
         "pyspark": pyspark.__version__,
         "java": _java_version(),
-        "load_at_start": os.getloadavg(),
     }

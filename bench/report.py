@@ -1,4 +1,7 @@
-"""bench/results/<date>.md and <date>.json from one full run: only what the run measured."""
+"""bench/results/<date>.md and <date>.json: only what was measured, each row naming its run.
+
+A day's results come from one run, or from several when later runs were told to add to them
+(`python -m bench --merge`); every run is listed with its commit, command and loads."""
 
 from __future__ import annotations
 
@@ -19,8 +22,8 @@ def _ms(value: float | None) -> str:
 def throughput_table(table: dict[str, Any]) -> list[str]:
     lines = [
         "| workload | system / variant | result | max rate (records/s) | processing p50 / p90 "
-        "| latency p50 / p99 | batches | 1-min load | others' CPU (max trial mean) |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| latency p50 / p99 | batches | 1-min load | others' CPU (max trial mean) | run |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for workload in WORKLOADS:
         for name, row in table.get(workload, {}).items():
@@ -39,14 +42,14 @@ def throughput_table(table: dict[str, Any]) -> list[str]:
                 figures = "none | | |"
             lines.append(
                 f"| {workload} | {name} | {status} | {figures} | {loads} | "
-                f"{row.get('others_cores_max_mean', '')} |"
+                f"{row.get('others_cores_max_mean', '')} | {row.get('run', '')} |"
             )
     return lines
 
 
 def recovery_table(recovery: dict[str, Any]) -> list[str]:
     if not recovery:
-        return ["Recovery experiments were skipped in this run (`--no-recovery`)."]
+        return ["No recovery experiments in these results (run with `--no-recovery`)."]
     lines = [
         "| system / variant | rate | fault | baseline delay | first batch after | peak delay "
         "| back within 0.5 s of baseline |",
@@ -74,10 +77,20 @@ def recovery_table(recovery: dict[str, Any]) -> list[str]:
     return lines
 
 
+def runs_list(runs: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"  {n}. started {run['started']}, commit {run['commit']}: `{run['command']}`; "
+        f"1-minute load at start {run['load_at_start'][0]:.2f}, at end "
+        f"{run['load_at_end'][0]:.2f}"
+        for n, run in enumerate(runs, 1)
+    ]
+
+
 def write_report(
     directory: Path,
     stamp: str,
     machine: dict[str, Any],
+    runs: list[dict[str, Any]],
     tables: dict[str, Any],
     recovery: dict[str, Any],
     gate: Any,
@@ -103,8 +116,9 @@ def write_report(
         f"- {machine['cores']} cores ({machine['cpu']}), {machine['memory_gb']} GB memory, "
         f"{machine['os']}; Python {machine['python']}, PySpark {machine['pyspark']}, "
         f"{machine['java']}",
-        f"- 1-minute load at start {machine['load_at_start'][0]:.2f}, at end "
-        f"{machine['load_at_end'][0]:.2f}; the load gate redid a trial when other processes "
+        "- runs (a row's `run` column names the one that measured it):",
+        *runs_list(runs),
+        "- the load gate redid a trial when other processes "
         f"used more than {gate.limit_cores} cores over {gate.block_s:.0f} s "
         f"(at most {gate.retries} redos, then 'machine busy')",
         "- every system: `local[2]`, 2 input partitions, 2 shuffle partitions, 1 s batches, "
@@ -125,7 +139,7 @@ def write_report(
         text += [f"## Throughput, every system on `{daemon}`", "", *throughput_table(table), ""]
     daemon = recovery.get("daemon")
     text += [
-        "## Recovery (WordCount" + (f", `{daemon}`)" if daemon else ")"),
+        "## Recovery (WordCount" + (f", `{daemon}`, run {recovery.get('run')})" if daemon else ")"),
         "",
         *(["Not run yet."] if "recovery" in pending else recovery_table(recovery)),
         "",
@@ -134,6 +148,7 @@ def write_report(
     path.write_text("\n".join(text))
     raw = {
         "machine": machine,
+        "runs": runs,
         "gate": asdict(gate),
         "plan": asdict(plan),
         "tables": tables,
@@ -142,3 +157,9 @@ def write_report(
     }
     (directory / f"{stamp}.json").write_text(json.dumps(raw, indent=1, default=str))
     return path
+
+
+def load_report(directory: Path, stamp: str) -> dict[str, Any] | None:
+    """The day's results as written (None: nothing yet), for a run that adds to them."""
+    path = directory / f"{stamp}.json"
+    return json.loads(path.read_text()) if path.exists() else None

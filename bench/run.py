@@ -12,7 +12,10 @@ most `--retries` times, then reported as "machine busy".
 they found, labelled as not a result; it writes nothing. The full run (make bench) confirms
 every maximum, runs the recovery experiments and writes bench/results/<date>.md and .json.
 `--allow-load` lets trials count although others loaded the machine: a smoke run of the
-harness, labelled so, never written to bench/results.
+harness, labelled so, never written to bench/results. `--merge` adds this run's rows to the
+day's results instead of replacing them (a table that takes hours can be measured in another
+run); `--recovery-only` runs only the recovery experiments, at half of the maxima the day's
+results already hold.
 """
 
 from __future__ import annotations
@@ -30,7 +33,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.machine import LoadMonitor, busy_reason, describe_machine, others_now, summarize_load
+from bench.machine import (
+    LoadMonitor,
+    busy_reason,
+    describe_machine,
+    git_commit,
+    others_now,
+    summarize_load,
+)
+from bench.report import load_report, write_report
 from bench.search import RateSearch
 from bench.systems import DAEMONS, SYSTEM_CLASSES, SYSTEMS, WORKLOADS
 from bench.trial import BUSY, Verdict, percentile, record_latencies
@@ -241,10 +252,10 @@ def run_table(
     plan: Plan,
     gate: Gate,
     table: dict[str, Any],
-    measured: Callable[[], None],
+    measured: Callable[[str], None],
 ) -> None:
     """Every (system, variant) on `daemon` into `table` ({workload: {"system/variant": row}}),
-    calling `measured` after each workload."""
+    calling `measured` with each workload when its rows are in."""
     progress(f"== worker daemon {daemon}: starting {', '.join(systems)}")
     workers = {system: Worker(system, daemon) for system in systems}
     pairs = [
@@ -257,11 +268,19 @@ def run_table(
         for workload in workloads:
             progress(f"== {workload} on {daemon}: {len(pairs)} searches, interleaved")
             rows = search_workload(workers, pairs, workload, plan, gate)
-            table[workload] = {f"{s}/{v}": row for (s, v), row in rows.items()}
-            measured()
+            table.setdefault(workload, {}).update({f"{s}/{v}": row for (s, v), row in rows.items()})
+            measured(workload)
     finally:
         for worker in workers.values():
             worker.close()
+
+
+def tag_rows(tables: dict[str, dict[str, Any]], run: int) -> None:
+    """Rows measured by run number `run` say so; rows of earlier runs keep their number."""
+    for table in tables.values():
+        for rows in table.values():
+            for row in rows.values():
+                row.setdefault("run", run)
 
 
 def summary_lines(table: dict[str, Any], label: str) -> list[str]:
@@ -297,6 +316,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="smoke run: count trials despite others' load (labelled, never written)",
     )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="add to today's results: rows this run does not measure stay as written",
+    )
+    parser.add_argument(
+        "--recovery-only",
+        action="store_true",
+        help="only recovery, at half of today's dstream.pydaemon maxima (implies --merge)",
+    )
     args = parser.parse_args(argv)
     plan = PLANS["quick" if args.quick else "full"]
     gate = Gate(args.busy_cores, args.busy_block, args.retries, args.allow_load)
@@ -304,31 +333,40 @@ def main(argv: list[str] | None = None) -> int:
     variants = set(args.variants.split(",")) if args.variants else None
     machine = describe_machine()
     started = time.time()
-    daemons = args.daemons.split(",")
+    daemons = [] if args.recovery_only else args.daemons.split(",")
     writes = not (args.quick or args.allow_load)
     stamp = datetime.now().strftime("%Y-%m-%d")
-    tables: dict[str, dict[str, Any]] = {daemon: {} for daemon in daemons}
-    recovery: dict[str, Any] = {}
+    earlier = load_report(RESULTS, stamp) if args.merge or args.recovery_only else None
+    tables: dict[str, dict[str, Any]] = earlier["tables"] if earlier else {}
+    recovery: dict[str, Any] = earlier["recovery"] if earlier else {}
+    runs: list[dict[str, Any]] = earlier["runs"] if earlier else []
+    runs.append(
+        {
+            "started": datetime.now().isoformat(timespec="minutes"),
+            "commit": git_commit(),
+            "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
+            "load_at_start": os.getloadavg(),
+        }
+    )
+    pending = [f"{workload} on {daemon}" for daemon in daemons for workload in workloads]
+    pending += [] if args.no_recovery else ["recovery"]
 
-    def write(pending: list[str]) -> None:
+    def write() -> None:
         """The results so far: a run of hours may be stopped, and what it measured stays."""
         if writes:
-            from bench.report import write_report
-
-            machine["load_at_end"] = os.getloadavg()
-            path = write_report(RESULTS, stamp, machine, tables, recovery, gate, plan, pending)
+            runs[-1]["load_at_end"] = os.getloadavg()
+            tag_rows(tables, len(runs))
+            path = write_report(
+                RESULTS, stamp, machine, runs, tables, recovery, gate, plan, pending
+            )
             progress(f"results{' so far' if pending else ''}: {path}")
 
-    def not_yet_measured() -> list[str]:
-        pending = [
-            f"{workload} on {daemon}"
-            for daemon in daemons
-            for workload in workloads
-            if workload not in tables[daemon]
-        ]
-        return pending + ([] if args.no_recovery or recovery else ["recovery"])
-
     for daemon in daemons:
+
+        def measured(workload: str, daemon: str = daemon) -> None:
+            pending.remove(f"{workload} on {daemon}")
+            write()
+
         run_table(
             daemon,
             systems,
@@ -336,20 +374,25 @@ def main(argv: list[str] | None = None) -> int:
             variants,
             plan,
             gate,
-            tables[daemon],
-            lambda: write(not_yet_measured()),
+            tables.setdefault(daemon, {}),
+            measured,
         )
     label = "QUICK RUN: search trials only, no confirmation; NOT A RESULT" if args.quick else ""
     if args.allow_load:
         label = "SMOKE RUN with --allow-load (other processes loaded the machine); NOT A RESULT"
-    for daemon, table in tables.items():
-        print("\n".join(summary_lines(table, f"{label or 'RESULT'}: worker daemon {daemon}")))
+    for daemon in daemons:
+        print(
+            "\n".join(summary_lines(tables[daemon], f"{label or 'RESULT'}: worker daemon {daemon}"))
+        )
     print(f"({time.time() - started:.0f} s)", flush=True)
     if writes and not args.no_recovery:
         from bench.recovery import run_recovery
 
-        recovery.update(run_recovery(systems, tables[DAEMONS[0]], DAEMONS[0]))
-        write([])
+        recovery.clear()
+        recovery.update(run_recovery(systems, tables.get(DAEMONS[0], {}), DAEMONS[0]))
+        recovery["run"] = len(runs)
+        pending.remove("recovery")
+        write()
     return 0
 
 

@@ -181,18 +181,46 @@ def test_load_gate():
     assert busy_reason(short_busy, 0.25, 10) is not None
 
 
-@pytest.mark.parametrize("system_name", ["dstream", "pyspark.streaming"])
-def test_same_program_passes_the_checker_on_a_real_job(sc, system_name):
-    """The shared program text, run by each DStream engine on its input, outputs what the
-    independent reference says (a tiny rate: this is about correctness, not speed)."""
+@pytest.mark.parametrize(
+    ("system_name", "variant"),
+    [("dstream", "tuned"), ("pyspark.streaming", "tuned"), ("structured", "expert")],
+)
+def test_same_program_passes_the_checker_on_a_real_job(sc, system_name, variant):
+    """The shared program text, run by each DStream engine on its input, and Structured
+    Streaming's expert formulation output what the independent reference says (a tiny rate:
+    this is about correctness, not speed)."""
     from bench.systems import SYSTEM_CLASSES
 
     system = SYSTEM_CLASSES[system_name](sc, 2)
-    run = system.run("wordcount", "tuned", 300, 1, 3, timeout_s=300)
+    run = system.run("wordcount", variant, 300, 1, 3, timeout_s=300)
     assert len(run.batches) == 3
     check = check_outputs("wordcount", 300, 2, run.outputs, run.intervals, 3)
     assert check.ok, check.reason
     assert run.intervals == sorted(run.intervals) and run.intervals[0] >= 2
+
+
+def test_sliding_sum_replaces_replayed_seconds_and_survives_a_restart(tmp_path):
+    """The expert formulation's driver-side window: a micro-batch run again replaces its
+    seconds, seconds leaving the window are subtracted (and their files removed), and a new
+    driver rebuilds the window from the saved seconds, ignoring a torn write."""
+    from bench.systems import SlidingSumSink
+
+    directory = str(tmp_path / "seconds")
+    sink = SlidingSumSink("wordcount", directory)
+    for second in range(1, 31):
+        sink.update({second: Counter({"a": 1, f"w{second}": 2})})
+    assert sink.window["a"] == 30
+    sink.update({30: Counter({"a": 5})})  # batch 30 again, with other counts
+    assert sink.window["a"] == 34 and "w30" not in sink.window
+    sink.update({31: Counter({"b": 1})})  # second 1 leaves the window
+    assert sink.window["a"] == 33 and "w1" not in sink.window
+    assert not (tmp_path / "seconds" / "1.json").exists()
+    (tmp_path / "seconds" / "32.json.partial").write_text('{"a": 1')
+    restarted = SlidingSumSink("wordcount", directory)
+    assert restarted.window == sink.window
+    assert restarted.digest() == count_digest(sink.window)
+    top = SlidingSumSink("topk", directory)
+    assert top.digest() == top_k(sink.window)
 
 
 def test_recovery_runs_at_half_of_the_systems_own_confirmed_maximum():
@@ -212,6 +240,15 @@ def test_recovery_runs_at_half_of_the_systems_own_confirmed_maximum():
     assert recovery_subject("pyspark.streaming", table, "dstream.pydaemon") is None
 
 
+RUN = {
+    "started": "2026-11-24T10:00",
+    "commit": "abc1234",
+    "command": "python -m bench",
+    "load_at_start": (1, 1, 1),
+    "load_at_end": (1, 1, 1),
+}
+
+
 def test_report_prints_no_figure_without_a_confirmation(tmp_path):
     from bench.report import write_report
     from bench.run import PLANS, Gate
@@ -222,11 +259,12 @@ def test_report_prints_no_figure_without_a_confirmation(tmp_path):
         "structured/plain": {"status": "wrong output", "rate": None, "reason": "batch 7"},
     }
     machine = {"cores": 2, "cpu": "x", "memory_gb": 1, "os": "y", "python": "3.11"}
-    machine |= {"pyspark": "4", "java": "17", "load_at_start": (1, 1, 1), "load_at_end": (1, 1, 1)}
+    machine |= {"pyspark": "4", "java": "17"}
     path = write_report(
         tmp_path,
         "today",
         machine,
+        [RUN],
         {"dstream.pydaemon": {"wordcount": rows}},
         {},
         Gate(0.25, 10, 2, False),
@@ -235,6 +273,7 @@ def test_report_prints_no_figure_without_a_confirmation(tmp_path):
     )
     text = path.read_text()
     assert "| wordcount | dstream/tuned | confirmed | 123,000 |" in text
+    assert "1. started 2026-11-24T10:00, commit abc1234: `python -m bench`" in text
     assert "| wordcount | pyspark.streaming/tuned | no passing rate | none |" in text
     assert "wrong output: batch 7 | none |" in text
 
@@ -246,14 +285,50 @@ def test_a_partial_report_names_what_it_has_not_measured(tmp_path):
 
     rows = {"dstream/tuned": {"status": "confirmed", "rate": 90_000}}
     machine = {"cores": 2, "cpu": "x", "memory_gb": 1, "os": "y", "python": "3.11"}
-    machine |= {"pyspark": "4", "java": "17", "load_at_start": (1, 1, 1), "load_at_end": (1, 1, 1)}
+    machine |= {"pyspark": "4", "java": "17"}
     pending = ["topk on dstream.pydaemon", "recovery"]
     tables = {"dstream.pydaemon": {"wordcount": rows}}
     gate, plan = Gate(0.25, 10, 2, False), PLANS["full"]
-    text = write_report(tmp_path, "today", machine, tables, {}, gate, plan, pending).read_text()
+    text = write_report(tmp_path, "today", machine, [RUN], tables, {}, gate, plan, pending)
+    text = text.read_text()
     assert "**Partial**" in text and "not measured: topk on dstream.pydaemon, recovery" in text
     assert "| wordcount | dstream/tuned | confirmed | 90,000 |" in text
     assert "Not run yet." in text and "--no-recovery" not in text
-    text = write_report(tmp_path, "today", machine, tables, {}, gate, plan, []).read_text()
+    text = write_report(tmp_path, "today", machine, [RUN], tables, {}, gate, plan, []).read_text()
     assert "Partial" not in text and "--no-recovery" in text
     assert "## Recovery (WordCount)\n" in text  # no daemon named when none ran
+
+
+def test_a_merged_run_replaces_only_the_rows_it_measured(tmp_path):
+    """`--merge`: the day's earlier rows stay, each row names the run that measured it."""
+    from bench.report import load_report, write_report
+    from bench.run import PLANS, Gate, tag_rows
+
+    machine = {"cores": 2, "cpu": "x", "memory_gb": 1, "os": "y", "python": "3.11"}
+    machine |= {"pyspark": "4", "java": "17"}
+    gate, plan = Gate(0.25, 10, 2, False), PLANS["full"]
+    tables = {
+        "dstream.pydaemon": {
+            "wordcount": {
+                "dstream/tuned": {"status": "confirmed", "rate": 600_000},
+                "structured/expert": {"status": "no passing rate", "rate": None},
+            }
+        }
+    }
+    tag_rows(tables, 1)
+    write_report(tmp_path, "today", machine, [RUN], tables, {}, gate, plan, [])
+    earlier = load_report(tmp_path, "today")
+    assert earlier is not None and load_report(tmp_path, "another day") is None
+    merged = earlier["tables"]
+    merged["dstream.pydaemon"]["wordcount"].update(
+        {"structured/expert": {"status": "confirmed", "rate": 250_000}}
+    )
+    tag_rows(merged, 2)
+    second = RUN | {"started": "2026-11-24T12:00", "command": "python -m bench --merge"}
+    runs = [*earlier["runs"], second]
+    text = write_report(tmp_path, "today", machine, runs, merged, {}, gate, plan, [])
+    text = text.read_text()
+    assert "| wordcount | dstream/tuned | confirmed | 600,000 |" in text
+    assert "| 1 |\n" in text.split("dstream/tuned")[1].split("structured/expert")[0]
+    assert text.split("structured/expert")[1].split("\n")[0].endswith("| 2 |")
+    assert "2. started 2026-11-24T12:00" in text
