@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import psutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UNCOUNTED = (":!bench/results", ":!*.md")  # what git_commit does not count as a change
 
 
 @dataclass
@@ -143,14 +144,16 @@ def _cpu_model() -> str:
 
 
 def git_commit() -> str:
-    """The commit the benchmark runs from, "+changes" when the tree differs from it."""
+    """The commit the benchmark runs from, "+changes" when its code differs from it (results
+    and Markdown aside: a run may add to the day's results while the docs are edited)."""
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT)
         return done.stdout.strip() if done.returncode == 0 else ""
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changes = git("status", "--porcelain", "--untracked-files=no", "--", ".", *UNCOUNTED)
+    return commit + ("+changes" if changes else "")
 
 
 def describe_machine() -> dict[str, object]:
