@@ -220,6 +220,7 @@ def summarize_search(search: RateSearch, events: list[dict[str, Any]]) -> dict[s
         row["others_cores_max_mean"] = max(x["others_cores_mean"] for x in loads)
     row["trials"] = [
         {k: e.get(k) for k in ("rate", "confirmation", "seconds", "attempt", "busy", "load")}
+        | {k: e["verdict"][k] for k in ("processing_p50_ms", "processing_p90_ms")}
         | {"verdict": e["verdict"]["kind"], "reason": e["verdict"]["reason"]}
         for e in events
     ]
