@@ -31,7 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RECOVERED_MS = 500
 BEFORE = 30  # batches before the fault (the first ones drain the start-up backlog)
-AFTER = 30  # batches run after it
+AFTER = 60  # batches run after it: a windowed DStream recomputes the window's leaving
+# batches for one window length (30 batches) after a driver restart, then drains its backlog
 LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 
 
@@ -221,7 +222,12 @@ def recovery_subject(system: str, table: dict[str, Any], daemon: str) -> Subject
 
 
 def run_recovery(systems: list[str], table: dict[str, Any], daemon: str) -> dict[str, Any]:
-    results: dict[str, Any] = {"workload": "wordcount", "daemon": daemon}
+    results: dict[str, Any] = {
+        "workload": "wordcount",
+        "daemon": daemon,
+        "batches_before": BEFORE,
+        "batches_after": AFTER,
+    }
     for system in systems:
         subject = recovery_subject(system, table, daemon)
         if subject is None:

@@ -51,6 +51,9 @@ def recovery_table(recovery: dict[str, Any]) -> list[str]:
     if not recovery:
         return ["No recovery experiments in these results (run with `--no-recovery`)."]
     lines = [
+        f"The fault after {recovery['batches_before']} batches; {recovery['batches_after']} "
+        "batches ran after it.",
+        "",
         "| system / variant | rate | fault | baseline delay | first batch after | peak delay "
         "| back within 0.5 s of baseline |",
         "| --- | ---: | --- | ---: | ---: | ---: | ---: |",

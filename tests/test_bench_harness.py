@@ -332,3 +332,32 @@ def test_a_merged_run_replaces_only_the_rows_it_measured(tmp_path):
     assert "| 1 |\n" in text.split("dstream/tuned")[1].split("structured/expert")[0]
     assert text.split("structured/expert")[1].split("\n")[0].endswith("| 2 |")
     assert "2. started 2026-11-24T12:00" in text
+
+
+def test_recovery_table_states_the_run_length_and_a_recovery_not_seen():
+    from bench.report import recovery_table
+
+    fault = {"baseline_ms": 400, "first_batch_after_s": 5.6, "peak_ms": 5400}
+    recovery = {
+        "workload": "wordcount",
+        "daemon": "dstream.pydaemon",
+        "batches_before": 30,
+        "batches_after": 60,
+        "dstream": {
+            "variant": "tuned",
+            "rate": 310_000,
+            "driver, local[2]": fault | {"recovery_s": 41.5},
+            "driver, local-cluster[2,1,1024]": fault | {"recovery_s": None},
+            "executor, local-cluster[2,1,1024]": {"error": "no executor was killed"},
+        },
+        "structured": {"skipped": "no confirmed WordCount maximum to take half of"},
+    }
+    text = "\n".join(recovery_table(recovery))
+    assert text.startswith("The fault after 30 batches; 60 batches ran after it.")
+    assert (
+        "| dstream/tuned | 310,000 | driver, local[2] | 400 ms | 5.6 s | 5,400 ms | 41.5 s |"
+        in text
+    )
+    assert "| 5,400 ms | not within the run |" in text
+    assert "| executor, local-cluster[2,1,1024] | no executor was killed |" in text
+    assert "| structured | | skipped: no confirmed WordCount maximum" in text
