@@ -7,7 +7,8 @@ sustainable, so each next rate is where the line through the trials' p90 process
 predicts TARGET_MS (just under the pass limit: the search looks for the edge), kept
 inside the bracket (highest passing rate, lowest failing rate above it). When the bracket is
 narrow enough, or the trials are used up, the highest passing rate must pass a confirmation
-trial (longer, with the window full); a failed confirmation steps down and confirms again. The
+trial (longer, with the window full); a failed confirmation steps down by STEP_DOWN (not below
+the highest passing rate, never to a rate that failed) and confirms again. The
 result is a confirmed rate or none at all: there is no fallback figure.
 """
 
@@ -113,7 +114,7 @@ class RateSearch:
             if confirmations >= self.max_confirmations:
                 return self._finish("no passing rate", None)
             below = round_rate(last.rate * STEP_DOWN)
-            return (low, True) if low is not None else self._confirm_or_stop(below)
+            return (max(low, below), True) if low is not None else self._confirm_or_stop(below)
         narrow = low is not None and high is not None and high / low <= 1 + self.tolerance
         used_up = len(self._search_trials()) >= self.max_trials
         if narrow or used_up:

@@ -99,6 +99,26 @@ def test_failed_confirmation_steps_down_and_never_falls_back():
     assert len(confirmations) == 3 and confirmations == sorted(confirmations, reverse=True)
 
 
+def test_a_failed_confirmation_steps_down_from_its_own_rate():
+    """Not all the way to the next passing search rate (a near miss at 200,000 must not
+    report 50,000), and not below it either."""
+    search = RateSearch(50_000, max_trials=6, tolerance=0.1, confirm=True)
+    fast, slow = (
+        judge([500.0] * 30, [0.0] * 30, 30, True, "ok"),
+        judge([1200.0] * 30, [0.0] * 30, 30, True, "ok"),
+    )
+    for rate, confirmation, verdict in [
+        (50_000, False, fast),
+        (200_000, False, fast),
+        (210_000, False, slow),
+        (200_000, True, slow),
+    ]:
+        search.record(rate, confirmation, verdict)
+    assert search.next_trial() == (170_000, True)
+    search.record(170_000, True, slow)
+    assert search.next_trial() == (140_000, True)
+
+
 def test_wrong_output_and_busy_machine_end_the_search_without_a_figure():
     wrong = _drive(RateSearch(50_000, 6, 0.1, True), 300_000, {50_000: WRONG})
     assert (wrong.status, wrong.rate) == ("wrong output", None)
