@@ -8,7 +8,7 @@ predicts TARGET_MS (just under the pass limit: the search looks for the edge), k
 inside the bracket (highest passing rate, lowest failing rate above it). When the bracket is
 narrow enough, or the trials are used up, the highest passing rate must pass a confirmation
 trial (longer, with the window full); a failed confirmation steps down by STEP_DOWN (not below
-the highest passing rate, never to a rate that failed) and confirms again. The
+the highest passing search rate that has not failed a confirmation) and confirms again. The
 result is a confirmed rate or none at all: there is no fallback figure.
 """
 

@@ -260,6 +260,8 @@ def test_recovery_runs_at_half_of_the_systems_own_confirmed_maximum():
     assert recovery_subject("pyspark.streaming", table, "dstream.pydaemon") is None
 
 
+MACHINE = {"cores": 2, "cpu": "x", "memory_gb": 1, "os": "y", "python": "3.11"}
+MACHINE |= {"pyspark": "4", "java": "17"}
 RUN = {
     "started": "2026-11-24T10:00",
     "commit": "abc1234",
@@ -278,12 +280,10 @@ def test_report_prints_no_figure_without_a_confirmation(tmp_path):
         "pyspark.streaming/tuned": {"status": "no passing rate", "rate": None},
         "structured/plain": {"status": "wrong output", "rate": None, "reason": "batch 7"},
     }
-    machine = {"cores": 2, "cpu": "x", "memory_gb": 1, "os": "y", "python": "3.11"}
-    machine |= {"pyspark": "4", "java": "17"}
     path = write_report(
         tmp_path,
         "today",
-        machine,
+        MACHINE,
         [RUN],
         {"dstream.pydaemon": {"wordcount": rows}},
         {},
@@ -304,17 +304,15 @@ def test_a_partial_report_names_what_it_has_not_measured(tmp_path):
     from bench.run import PLANS, Gate
 
     rows = {"dstream/tuned": {"status": "confirmed", "rate": 90_000}}
-    machine = {"cores": 2, "cpu": "x", "memory_gb": 1, "os": "y", "python": "3.11"}
-    machine |= {"pyspark": "4", "java": "17"}
     pending = ["topk on dstream.pydaemon", "recovery"]
     tables = {"dstream.pydaemon": {"wordcount": rows}}
     gate, plan = Gate(0.25, 10, 2, False), PLANS["full"]
-    text = write_report(tmp_path, "today", machine, [RUN], tables, {}, gate, plan, pending)
+    text = write_report(tmp_path, "today", MACHINE, [RUN], tables, {}, gate, plan, pending)
     text = text.read_text()
     assert "**Partial**" in text and "not measured: topk on dstream.pydaemon, recovery" in text
     assert "| wordcount | dstream/tuned | confirmed | 90,000 |" in text
     assert "Not run yet." in text and "--no-recovery" not in text
-    text = write_report(tmp_path, "today", machine, [RUN], tables, {}, gate, plan, []).read_text()
+    text = write_report(tmp_path, "today", MACHINE, [RUN], tables, {}, gate, plan, []).read_text()
     assert "Partial" not in text and "--no-recovery" in text
     assert "## Recovery (WordCount)\n" in text  # no daemon named when none ran
 
@@ -324,8 +322,6 @@ def test_a_merged_run_replaces_only_the_rows_it_measured(tmp_path):
     from bench.report import load_report, write_report
     from bench.run import PLANS, Gate, tag_rows
 
-    machine = {"cores": 2, "cpu": "x", "memory_gb": 1, "os": "y", "python": "3.11"}
-    machine |= {"pyspark": "4", "java": "17"}
     gate, plan = Gate(0.25, 10, 2, False), PLANS["full"]
     tables = {
         "dstream.pydaemon": {
@@ -336,7 +332,7 @@ def test_a_merged_run_replaces_only_the_rows_it_measured(tmp_path):
         }
     }
     tag_rows(tables, 1)
-    write_report(tmp_path, "today", machine, [RUN], tables, {}, gate, plan, [])
+    write_report(tmp_path, "today", MACHINE, [RUN], tables, {}, gate, plan, [])
     earlier = load_report(tmp_path, "today")
     assert earlier is not None and load_report(tmp_path, "another day") is None
     merged = earlier["tables"]
@@ -346,7 +342,7 @@ def test_a_merged_run_replaces_only_the_rows_it_measured(tmp_path):
     tag_rows(merged, 2)
     second = RUN | {"started": "2026-11-24T12:00", "command": "python -m bench --merge"}
     runs = [*earlier["runs"], second]
-    text = write_report(tmp_path, "today", machine, runs, merged, {}, gate, plan, [])
+    text = write_report(tmp_path, "today", MACHINE, runs, merged, {}, gate, plan, [])
     text = text.read_text()
     assert "| wordcount | dstream/tuned | confirmed | 600,000 |" in text
     assert "| 1 |\n" in text.split("dstream/tuned")[1].split("structured/expert")[0]
