@@ -1,11 +1,12 @@
-"""`python -m bench.profile`: where a dstream batch's time goes, from Spark's own event log.
+"""`python -m bench.profile`: where a DStream engine's batch time goes, from Spark's event log.
 
-Runs one workload variant of `bench.programs` on dstream (`local[2]`, dstream.pydaemon) at a
-fixed rate with Spark's event log on, then prints per batch: its processing time, the Spark
-jobs, stages and tasks it ran (by the batch's job group), how much of the processing time some
-job was running, the tasks' executor run time and the batch log's write time. Processing time
-not covered by any job is the driver's own per-batch cost (planning, py4j calls, checkpoint
-writes). Run py-spy on the printed driver pid for the driver's Python side.
+Runs one workload variant of `bench.programs` on dstream or pyspark.streaming (`local[2]`, the
+chosen worker daemon) at a fixed rate with Spark's event log on, then prints per batch: its
+processing time, the Spark jobs, stages and tasks it ran (by its batch time), how many of those
+tasks ran Python, how much of the processing time some job was running, and the tasks' executor
+run time; then the medians over the batches after the window filled. Processing time not covered
+by any job is the driver's own per-batch cost (planning, py4j calls, checkpoint writes). Run
+py-spy on the printed driver pid for the driver's Python side.
 """
 
 from __future__ import annotations
@@ -13,24 +14,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from pyspark import SparkContext
 
-from bench import programs
-from bench.reference import RECORD_BYTES, SEED
-from bench.systems import spark_conf
+from bench.reference import WINDOW_BATCHES
+from bench.systems import DAEMONS, SYSTEM_CLASSES, Batch, spark_conf
+
+ENGINES = ("dstream", "pyspark.streaming")
+# The job property that names a job's batch: dstream's job group, Spark Streaming's batch time.
+DSTREAM_GROUP = "dstream-batch-"
+STREAMING_BATCH_TIME = "spark.streaming.internal.batchTime"
 
 
-def run(workload: str, variant: str, rate: int, batches: int, log_dir: str) -> list[Any]:
-    from dstream import StreamingContext
-
-    conf = spark_conf("local[2]", 2, "dstream.pydaemon")
+def run(
+    system: str, daemon: str, workload: str, variant: str, rate: int, batches: int, log_dir: str
+) -> list[Batch]:
+    conf = spark_conf("local[2]", 2, daemon)
     conf.setAll(
         [
             ("spark.eventLog.enabled", "true"),
@@ -42,25 +47,13 @@ def run(workload: str, variant: str, rate: int, batches: int, log_dir: str) -> l
     sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
     print(f"driver pid {os.getpid()}", file=sys.stderr, flush=True)
-    infos: list[Any] = []
     try:
-        ssc = StreamingContext(sc, 1)
-        ssc.checkpoint(tempfile.mkdtemp(prefix="bench-profile-"))
-        programs.build(workload, variant, ssc.rateStream(rate, 2, SEED, RECORD_BYTES))
-
-        class Collector:
-            def onBatchCompleted(self, event: Any) -> None:
-                infos.append(event.batchInfo())
-
-        ssc.addStreamingListener(Collector())
-        ssc.start()
-        deadline = time.monotonic() + 3 * batches + 60
-        while len(infos) < batches and time.monotonic() < deadline:
-            time.sleep(0.5)
-        ssc.stop(stopSparkContext=False)
+        trial = SYSTEM_CLASSES[system](sc, 2).run(
+            workload, variant, rate, 0, batches, timeout_s=3 * batches + 60
+        )
     finally:
         sc.stop()
-    return infos
+    return trial.batches
 
 
 def read_events(log_dir: str) -> list[dict[str, Any]]:
@@ -70,15 +63,29 @@ def read_events(log_dir: str) -> list[dict[str, Any]]:
     return [json.loads(line) for path in files for line in path.read_text().splitlines()]
 
 
-def jobs_by_group(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Per job group: each job's start, end, stage count, tasks and executor run time."""
+def batch_of(properties: dict[str, str]) -> int | None:
+    """The batch time (ms) a job ran for, by either engine's job properties."""
+    group = properties.get("spark.jobGroup.id", "")
+    if group.startswith(DSTREAM_GROUP):
+        return int(group[len(DSTREAM_GROUP) :])
+    value = properties.get(STREAMING_BATCH_TIME)
+    return int(value) if value else None
+
+
+def runs_python(stage: dict[str, Any]) -> bool:
+    """Whether a stage's tasks run a Python worker (a PythonRDD in its lineage)."""
+    return any(rdd.get("Name") == "PythonRDD" for rdd in stage.get("RDD Info", []))
+
+
+def jobs_by_batch(events: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Per batch time: each job's start, end, stages, tasks, Python tasks and task run time."""
     jobs: dict[int, dict[str, Any]] = {}
     stage_job: dict[int, int] = {}
     for e in events:
         kind = e["Event"]
         if kind == "SparkListenerJobStart":
-            group = (e.get("Properties") or {}).get("spark.jobGroup.id", "")
-            jobs[e["Job ID"]] = {"group": group, "start": e["Submission Time"], "stages": 0}
+            batch = batch_of(e.get("Properties") or {})
+            jobs[e["Job ID"]] = {"batch": batch, "start": e["Submission Time"], "stages": 0}
             for stage in e["Stage IDs"]:
                 stage_job[stage] = e["Job ID"]
         elif kind == "SparkListenerJobEnd" and e["Job ID"] in jobs:
@@ -87,15 +94,20 @@ def jobs_by_group(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]
             job = jobs.get(stage_job.get(e["Stage Info"]["Stage ID"], -1))
             if job is not None:
                 job["stages"] += 1
+                if runs_python(e["Stage Info"]):
+                    job["python_tasks"] = (
+                        job.get("python_tasks", 0) + e["Stage Info"]["Number of Tasks"]
+                    )
         elif kind == "SparkListenerTaskEnd":
             job = jobs.get(stage_job.get(e["Stage ID"], -1))
             if job is not None:
                 job["tasks"] = job.get("tasks", 0) + 1
                 metrics = e.get("Task Metrics") or {}
                 job["run_ms"] = job.get("run_ms", 0) + metrics.get("Executor Run Time", 0)
-    grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    grouped: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for job in jobs.values():
-        grouped[job["group"]].append(job)
+        if job["batch"] is not None:
+            grouped[job["batch"]].append(job)
     return grouped
 
 
@@ -113,26 +125,42 @@ def covered_ms(jobs: list[dict[str, Any]]) -> int:
     return total
 
 
+COLUMNS = ("processing", "jobs", "stages", "tasks", "python", "in_jobs", "task_run")
+
+
+def batch_row(batch: Batch, jobs: list[dict[str, Any]]) -> dict[str, int]:
+    return {
+        "processing": batch.processing_ms,
+        "jobs": len(jobs),
+        "stages": sum(j["stages"] for j in jobs),
+        "tasks": sum(j.get("tasks", 0) for j in jobs),
+        "python": sum(j.get("python_tasks", 0) for j in jobs),
+        "in_jobs": covered_ms(jobs),
+        "task_run": sum(j.get("run_ms", 0) for j in jobs),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--system", choices=ENGINES, default="dstream")
+    parser.add_argument("--daemon", choices=DAEMONS, default="dstream.pydaemon")
     parser.add_argument("--workload", default="wordcount")
     parser.add_argument("--variant", default="tuned")
     parser.add_argument("--rate", type=int, default=20_000)
-    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--batches", type=int, default=45)
     args = parser.parse_args(argv)
     log_dir = tempfile.mkdtemp(prefix="bench-eventlog-")
-    infos = run(args.workload, args.variant, args.rate, args.batches, log_dir)
-    grouped = jobs_by_group(read_events(log_dir))
-    print("batch  processing  jobs stages tasks  in-jobs  task-run  batch-log")
-    for info in infos:
-        jobs = grouped.get(f"dstream-batch-{info.batch_time_ms}", [])
-        print(
-            f"{info.batch_time_ms % 100_000:>6} {info.processingDelay():>8} ms "
-            f"{len(jobs):>4} {sum(j['stages'] for j in jobs):>6} "
-            f"{sum(j.get('tasks', 0) for j in jobs):>5} {covered_ms(jobs):>6} ms "
-            f"{sum(j.get('run_ms', 0) for j in jobs):>6} ms "
-            f"{(info.checkpoint_seconds or 0) * 1000:>7.0f} ms"
-        )
+    batches = run(
+        args.system, args.daemon, args.workload, args.variant, args.rate, args.batches, log_dir
+    )
+    grouped = jobs_by_batch(read_events(log_dir))
+    rows = [batch_row(b, grouped.get(b.time_ms, [])) for b in batches]
+    print("batch  " + " ".join(f"{c:>10}" for c in COLUMNS))
+    for batch, row in zip(batches, rows, strict=True):
+        print(f"{batch.time_ms % 100_000:>6} " + " ".join(f"{row[c]:>10}" for c in COLUMNS))
+    steady = rows[WINDOW_BATCHES:] or rows
+    medians = {c: statistics.median(r[c] for r in steady) for c in COLUMNS}
+    print(f"median of the last {len(steady)} " + " ".join(f"{medians[c]:>10g}" for c in COLUMNS))
     return 0
 
 
