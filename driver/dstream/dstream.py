@@ -69,6 +69,10 @@ def _creation_site() -> str:
 class DStream:
     """A discretized stream. Subclasses implement `compute(time_ms)`."""
 
+    # Set by a reduced window over this stream (windows.py): when > 0 and the job has a
+    # checkpoint path, every RDD is written to reliable storage and the newest this many stay.
+    _durable_batches = 0
+
     def __init__(self, ssc: StreamingContext, parents: list[DStream], slide_ms: int | None = None):
         self._ssc = ssc
         self._sc = ssc.sparkContext
@@ -155,8 +159,15 @@ class DStream:
     def _prepare(self, rdd: RDD, time_ms: int) -> None:
         if self._storage_level is not None and not rdd.is_cached:
             rdd.persist(self._storage_level)
-        if self._checkpoint_ms and (time_ms - self._ssc._graph.zero_ms) % self._checkpoint_ms == 0:
-            self._ssc._graph.mark_for_checkpoint(self, rdd, time_ms)
+        graph = self._ssc._graph
+        due = self._checkpoint_ms and (time_ms - graph.zero_ms) % self._checkpoint_ms == 0
+        if due or (self._durable_batches and graph.checkpoint_path is not None):
+            graph.mark_for_checkpoint(self, rdd, time_ms)
+
+    def _checkpoints_kept(self) -> int:
+        """How many of its newest checkpoints stay in force: two for state (if the newest is
+        torn, the older serves), or every batch a restarted window may still subtract."""
+        return max(2, self._durable_batches)
 
     def _restore(self, time_ms: int, rdd: RDD) -> None:
         """Seed the cache with a recovered RDD (a state checkpoint) so lineage starts there."""

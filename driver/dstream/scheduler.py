@@ -49,11 +49,15 @@ from dstream.timeutil import datetime_of
 if TYPE_CHECKING:
     from dstream.clock import ManualClock, SystemClock
     from dstream.context import StreamingContext
+    from dstream.dstream import DStream
     from dstream.graph import DStreamGraph
     from dstream.rate import RateController
 
 log = logging.getLogger(__name__)
 HISTORY = 1000
+# Spark writes a marked RDD's marked ancestors in the same job too, not only the RDD: a window
+# and its durable batch reductions are both marked in the batches that checkpoint the window.
+CHECKPOINT_ALL_MARKED = "spark.checkpoint.checkpointAllMarkedAncestors"
 
 
 @dataclass
@@ -295,32 +299,49 @@ class BatchScheduler:
         self, candidates: dict[str, list[tuple[int, str]]], torn: list[str]
     ) -> dict[str, int]:
         """Load each stateful stream's newest readable checkpoint; a torn one (added to `torn`)
-        falls back to the one before, whose later batches the log still holds."""
+        falls back to the one before, whose later batches the log still holds. A stream with
+        durable batches gets every readable one back (a torn one is recomputed from its source);
+        only state streams are counted as restored."""
         restored: dict[str, int] = {}
-        sc = self._ssc.sparkContext
         for index, checkpoints in candidates.items():
             stream = self._graph.streams[int(index)]
+            loaded: list[tuple[int, str]] = []
+            if stream._durable_batches:  # older ones in the log were pruned, not torn
+                checkpoints = checkpoints[: stream._checkpoints_kept()]
             for time_ms, path in checkpoints:
-                try:
-                    check_state_checkpoint(path)
-                    rdd = RDD(sc._jsc.checkpointFile(path), sc, sc.serializer)
-                    rdd.count()
-                except Exception as error:
-                    log.warning(
-                        "state checkpoint %s unreadable (%s); trying an older one",
-                        path,
-                        str(error).splitlines()[0],
-                    )
-                    torn.append(path)
+                rdd = self._read_checkpoint(stream, path, torn)
+                if rdd is None:
                     continue
-                partitions = getattr(stream, "_partitions", None)
-                if partitions is not None and rdd.getNumPartitions() == partitions:
-                    rdd.partitioner = Partitioner(partitions, portable_hash)
                 stream._restore(time_ms, rdd)
+                loaded.append((time_ms, path))
+                if not stream._durable_batches:
+                    restored[index] = time_ms
+                    break
+            for time_ms, path in reversed(loaded):
                 self._graph.keep_checkpoint(stream._index, time_ms, path)
-                restored[index] = time_ms
-                break
         return restored
+
+    def _read_checkpoint(self, stream: DStream, path: str, torn: list[str]) -> RDD | None:
+        """A state checkpoint as an RDD, read through once in the JVM to verify it (its
+        partitioner back when the stream's RDDs are hash-partitioned); None when torn."""
+        sc = self._ssc.sparkContext
+        try:
+            check_state_checkpoint(path)
+            jrdd = sc._jsc.checkpointFile(path)
+            jrdd.count()
+        except Exception as error:
+            log.warning(
+                "state checkpoint %s unreadable (%s); trying an older one",
+                path,
+                str(error).splitlines()[0],
+            )
+            torn.append(path)
+            return None
+        rdd = RDD(jrdd, sc, sc.serializer)
+        partitions = getattr(stream, "_partitions", None)
+        if partitions is not None and rdd.getNumPartitions() == partitions:
+            rdd.partitioner = Partitioner(partitions, portable_hash)
+        return rdd
 
     def _require_replayable(self, found: LogState, restored: dict[str, int]) -> None:
         """Refuse to go on when exact recovery is impossible, rather than emit wrong results: a
@@ -451,6 +472,7 @@ class BatchScheduler:
         self._notify("onBatchStarted", info)
         sc = self._ssc.sparkContext
         sc.setJobGroup(f"dstream-batch-{time_ms}", f"batch {datetime_of(time_ms)}", True)
+        sc.setLocalProperty(CHECKPOINT_ALL_MARKED, "true")
         failure = self._execute(info)
         if failure is not None and not info.skipped:
             info.error = _describe(failure)

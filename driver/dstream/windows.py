@@ -71,6 +71,20 @@ class ReducedWindowedDStream(DStream):
     def _parent_remember_ms(self) -> int:
         return self._remember_ms + self._window_ms
 
+    def _initialize(self) -> None:
+        """Make the parent's per-batch reductions durable. A restarted driver steps the window
+        from its state checkpoint, which may be two checkpoint intervals old, and then subtracts
+        the batches leaving it: were those lost with the old driver's cache, each would be
+        recomputed from its source (read and reduced again), doubling the work of every batch
+        for one window length after a restart. A batch's reduction holds at most a key set,
+        so writing each is cheap; the parent's partitioner is restored with them."""
+        super()._initialize()
+        parent = self._parents[0]
+        assert self._checkpoint_ms is not None  # settled by super(): the window is stateful
+        span_ms = self._window_ms + 2 * self._checkpoint_ms
+        parent._durable_batches = max(parent._durable_batches, span_ms // parent._slide_ms + 1)
+        parent._partitions = self._partitions
+
     def _batches(self, rdds: list[RDD]) -> RDD:
         """The parent's RDDs of some batches as one RDD reduced by key into this stream's
         partitions. The parent is reduceByKey(func, n) of the input (reduceByKeyAndWindow builds

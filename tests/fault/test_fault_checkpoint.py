@@ -92,12 +92,19 @@ def delete_first_part(path: str) -> None:
     part.with_name(".part-00000.crc").unlink(missing_ok=True)
 
 
+def durable_stream(ssc: Any) -> Any:
+    """The stream whose every batch is written: the incremental window's per-batch counts."""
+    (stream,) = [s for s in ssc._graph.streams if s._durable_batches]
+    return stream
+
+
 def test_torn_state_checkpoints_fall_back_to_the_previous_ones(job):
     rng = fault_rng()
     ssc = job.start()
     job.run(ssc, 6)  # state checkpoints at 2, 4 and 6 s; the newest two stay on disk
     ssc.stop(stopSparkContext=False)
     checkpoints = CheckpointDir(job.job.checkpoint).load_log().state_checkpoints()
+    del checkpoints[str(durable_stream(ssc)._index)]
     assert len(checkpoints) == 2, checkpoints  # updateStateByKey and the incremental window
     newest_paths = []
     # the running totals' parts are small; the window's span several 512-byte chunks
@@ -111,6 +118,38 @@ def test_torn_state_checkpoints_fall_back_to_the_previous_ones(job):
     assert set(newest_paths) <= set(recovery.torn_files)
     assert recovery.restored_state == {s: kept[1][0] for s, kept in checkpoints.items()}
     job.run(ssc, 2)
+    ssc.stop(stopSparkContext=False)
+    assert_exact(job)
+
+
+def test_a_restarted_window_subtracts_its_durable_batches_instead_of_recomputing_them(job):
+    """Every batch's counts under the window are written (5 s window, state every 2 s: the
+    newest 5 + 2 * 2 + 1 = 10 stay); a restart reads them back, as checkpoint files rather than
+    lineage to the source, and one torn among them is recomputed from its source instead."""
+    rng = fault_rng()
+    ssc = job.start()
+    job.run(ssc, 12)
+    ssc.stop(stopSparkContext=False)
+    index = str(durable_stream(ssc)._index)
+    logged = CheckpointDir(job.job.checkpoint).load_log().state_checkpoints()[index]
+    kept, pruned = logged[:10], logged[10:]
+    times = [time_ms for time_ms, _path in kept]
+    assert times == list(range(12 * job.batch_ms, 2 * job.batch_ms, -job.batch_ms))
+    on_disk = {p.as_uri() for p in (job.job.checkpoint / "state").glob("*/rdd-*")}
+    assert {path.replace("file:", "file://") for _t, path in kept} <= on_disk
+    assert not {path.replace("file:", "file://") for _t, path in pruned} & on_disk
+    torn_time, torn_path = kept[3]  # the batch leaving the window at 14 s
+    cut_state_part(torn_path, "byte", rng)
+
+    ssc = job.start()
+    stream = durable_stream(ssc)
+    assert ssc._scheduler.recovery.torn_files == [torn_path]  # the pruned ones are not torn
+    restored = {t: stream._generated[t] for t in times if t in stream._generated}
+    assert sorted(restored) == sorted(set(times) - {torn_time})
+    for rdd in restored.values():
+        assert rdd._jrdd.rdd().getClass().getSimpleName() == "ReliableCheckpointRDD"
+        assert rdd.partitioner is not None  # one batch is subtracted without a shuffle
+    job.run(ssc, 3)
     ssc.stop(stopSparkContext=False)
     assert_exact(job)
 
