@@ -2,9 +2,9 @@
 
 Runs one workload variant of `bench.programs` on dstream or pyspark.streaming (`local[2]`, the
 chosen worker daemon) at a fixed rate with Spark's event log on, then prints per batch: its
-processing time, the Spark jobs, stages and tasks it ran (by its batch time), how many of those
-tasks ran Python, how much of the processing time some job was running, and the tasks' executor
-run time; then the medians over the batches after the window filled. Processing time not covered
+processing time, the Spark jobs, stages and tasks it ran (by its batch time), how much of the
+processing time some job was running, and the tasks' executor run time; then the medians over
+the batches after the window filled. Processing time not covered
 by any job is the driver's own per-batch cost (planning, py4j calls, checkpoint writes). Run
 py-spy on the printed driver pid for the driver's Python side.
 """
@@ -72,13 +72,8 @@ def batch_of(properties: dict[str, str]) -> int | None:
     return int(value) if value else None
 
 
-def runs_python(stage: dict[str, Any]) -> bool:
-    """Whether a stage's tasks run a Python worker (a PythonRDD in its lineage)."""
-    return any(rdd.get("Name") == "PythonRDD" for rdd in stage.get("RDD Info", []))
-
-
 def jobs_by_batch(events: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
-    """Per batch time: each job's start, end, stages, tasks, Python tasks and task run time."""
+    """Per batch time: each job's start, end, stages, tasks and task run time."""
     jobs: dict[int, dict[str, Any]] = {}
     stage_job: dict[int, int] = {}
     for e in events:
@@ -94,10 +89,6 @@ def jobs_by_batch(events: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]
             job = jobs.get(stage_job.get(e["Stage Info"]["Stage ID"], -1))
             if job is not None:
                 job["stages"] += 1
-                if runs_python(e["Stage Info"]):
-                    job["python_tasks"] = (
-                        job.get("python_tasks", 0) + e["Stage Info"]["Number of Tasks"]
-                    )
         elif kind == "SparkListenerTaskEnd":
             job = jobs.get(stage_job.get(e["Stage ID"], -1))
             if job is not None:
@@ -125,7 +116,7 @@ def covered_ms(jobs: list[dict[str, Any]]) -> int:
     return total
 
 
-COLUMNS = ("processing", "jobs", "stages", "tasks", "python", "in_jobs", "task_run")
+COLUMNS = ("processing", "jobs", "stages", "tasks", "in_jobs", "task_run")
 
 
 def batch_row(batch: Batch, jobs: list[dict[str, Any]]) -> dict[str, int]:
@@ -134,7 +125,6 @@ def batch_row(batch: Batch, jobs: list[dict[str, Any]]) -> dict[str, int]:
         "jobs": len(jobs),
         "stages": sum(j["stages"] for j in jobs),
         "tasks": sum(j.get("tasks", 0) for j in jobs),
-        "python": sum(j.get("python_tasks", 0) for j in jobs),
         "in_jobs": covered_ms(jobs),
         "task_run": sum(j.get("run_ms", 0) for j in jobs),
     }
