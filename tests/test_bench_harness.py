@@ -377,3 +377,40 @@ def test_recovery_table_states_the_run_length_and_a_recovery_not_seen():
     assert "| 5,400 ms | not within the run |" in text
     assert "| executor, local-cluster[2,1,1024] | no executor was killed |" in text
     assert "| structured | | skipped: no confirmed WordCount maximum" in text
+
+
+def test_profile_attributes_jobs_to_batches_by_either_engines_properties():
+    """dstream names a batch's jobs by job group, Spark Streaming by its batch-time property;
+    jobs of neither (a state sampler) belong to no batch; overlapping jobs count once."""
+    from bench.profile import covered_ms, jobs_by_batch
+
+    def job(job_id: int, properties: dict[str, str], start: int, end: int, stage: int) -> list:
+        return [
+            {
+                "Event": "SparkListenerJobStart",
+                "Job ID": job_id,
+                "Submission Time": start,
+                "Stage IDs": [stage],
+                "Properties": properties,
+            },
+            {"Event": "SparkListenerStageCompleted", "Stage Info": {"Stage ID": stage}},
+            {"Event": "SparkListenerTaskEnd", "Stage ID": stage, "Task Metrics": {}},
+            {
+                "Event": "SparkListenerTaskEnd",
+                "Stage ID": stage,
+                "Task Metrics": {"Executor Run Time": 30},
+            },
+            {"Event": "SparkListenerJobEnd", "Job ID": job_id, "Completion Time": end},
+        ]
+
+    events = (
+        job(1, {"spark.jobGroup.id": "dstream-batch-5000"}, 100, 400, 1)
+        + job(2, {"spark.jobGroup.id": "dstream-batch-5000"}, 300, 500, 2)
+        + job(3, {"spark.streaming.internal.batchTime": "6000"}, 1000, 1200, 3)
+        + job(4, {"spark.jobGroup.id": "dstream-state-sampler"}, 0, 50, 4)
+    )
+    grouped = jobs_by_batch(events)
+    assert sorted(grouped) == [5000, 6000]
+    assert [(j["stages"], j["tasks"], j["run_ms"]) for j in grouped[5000]] == [(1, 2, 30)] * 2
+    assert covered_ms(grouped[5000]) == 400  # 100-500, the overlap counted once
+    assert covered_ms(grouped[6000]) == 200
