@@ -331,7 +331,7 @@ class BatchScheduler:
             jrdd.count()
         except Exception as error:
             log.warning(
-                "state checkpoint %s unreadable (%s); trying an older one",
+                "checkpoint %s unreadable (%s): not used (an older one, or the source, serves)",
                 path,
                 str(error).splitlines()[0],
             )

@@ -76,8 +76,9 @@ class ReducedWindowedDStream(DStream):
         from its state checkpoint, which may be two checkpoint intervals old, and then subtracts
         the batches leaving it: were those lost with the old driver's cache, each would be
         recomputed from its source (read and reduced again), doubling the work of every batch
-        for one window length after a restart. A batch's reduction holds at most a key set,
-        so writing each is cheap; the parent's partitioner is restored with them."""
+        for one window length after a restart. A batch's reduction holds at most one record
+        per key; writing it is a small second job per batch. The parent's partitioner is
+        restored with them."""
         super()._initialize()
         parent = self._parents[0]
         assert self._checkpoint_ms is not None  # settled by super(): the window is stateful
