@@ -4,9 +4,9 @@ Runs one workload variant of `bench.programs` on dstream or pyspark.streaming (`
 chosen worker daemon) at a fixed rate with Spark's event log on, then prints per batch: its
 processing time, the Spark jobs, stages and tasks it ran (by its batch time), how much of the
 processing time some job was running, and the tasks' executor run time; then the medians over
-the batches after the window filled. Processing time not covered
-by any job is the driver's own per-batch cost (planning, py4j calls, checkpoint writes). Run
-py-spy on the printed driver pid for the driver's Python side.
+the batches after the window filled. Processing time not covered by any job is the driver's own
+per-batch cost (planning, py4j calls, checkpoint writes). Run py-spy on the printed driver pid
+for the driver's Python side.
 
 `--zipcache` gives every Python worker `dstream.zipcache` from the start (a sitecustomize
 module), as importing the dstream package gives dstream's own workers: on `pyspark.daemon` that
@@ -34,8 +34,6 @@ ENGINES = ("dstream", "pyspark.streaming")
 # The job property that names a job's batch: dstream's job group, Spark Streaming's batch time.
 DSTREAM_GROUP = "dstream-batch-"
 STREAMING_BATCH_TIME = "spark.streaming.internal.batchTime"
-
-
 ZIPCACHE = Path(__file__).resolve().parent.parent / "driver" / "dstream" / "zipcache.py"
 
 
