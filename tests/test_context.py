@@ -125,6 +125,37 @@ def test_a_failing_batch_is_retried_until_it_succeeds(sc, tmp_path):
     ssc.stop(stopSparkContext=False)
 
 
+def stop_at_two(x: int) -> int:
+    if x == 2:
+        raise StopIteration("a user's function ended its own iteration")
+    return x
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda s: s.map(stop_at_two),
+        lambda s: s.flatMap(lambda x: [stop_at_two(x)]),
+        lambda s: s.filter(lambda x: stop_at_two(x) > 0),
+        lambda s: s.map(lambda x: ("k", 1)).reduceByKey(lambda a, b: stop_at_two(a + b)),
+        lambda s: s.map(lambda x: ("k", x)).combineByKey(stop_at_two, max, max),
+    ],
+    ids=["map", "flatMap", "filter", "reduceByKey", "combineByKey"],
+)
+def test_a_stop_iteration_from_a_users_function_fails_the_batch_instead_of_truncating_it(sc, op):
+    """Raised where the engine iterates, a StopIteration would end the partition early and
+    lose its later records without a word; PySpark makes it fail the task, and so must we."""
+    ssc = manual_context(sc)
+    results = []
+    op(ssc.queueStream([[1, 2, 3]])).foreachRDD(lambda rdd: results.append(rdd.collect()))
+    start_with_policy(ssc, FailurePolicy(retries=0, on_exhausted="skip"))
+    advance_one(ssc)
+    with pytest.raises(Exception, match="StopIteration"):
+        ssc.awaitTerminationOrTimeout(5)
+    assert results == []
+    ssc.stop(stopSparkContext=False)
+
+
 def test_when_the_retries_are_spent_the_run_stops_with_the_batch_uncommitted(sc, tmp_path):
     ssc, results = failing_context(sc, tmp_path, None)
     start_with_policy(ssc, FailurePolicy(retries=2, backoff_s=0.05))

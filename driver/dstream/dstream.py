@@ -22,6 +22,7 @@ from pyspark import RDD, StorageLevel
 from pyspark.rdd import portable_hash
 from pyspark.resultiterable import ResultIterable
 
+from dstream import combine
 from dstream.graph import attached, detached
 from dstream.timeutil import datetime_of, duration_to_ms, time_to_ms
 
@@ -244,15 +245,20 @@ class DStream:
         return self.mapPartitionsWithIndex(lambda _i, it: f(it), preservesPartitioning)
 
     def map(self, f: Callable[[Any], Any], preservesPartitioning: bool = False) -> DStream:
-        return self.mapPartitions(lambda it: map(f, it), preservesPartitioning)
+        """f per record, in a generator: a StopIteration that f raises then fails the task
+        (PEP 479) instead of quietly ending the partition, as PySpark's wrapper of f ensures at
+        the cost of a call per record. flatMap and filter likewise."""
+        return self.mapPartitions(lambda it: (f(x) for x in it), preservesPartitioning)
 
     def flatMap(
         self, f: Callable[[Any], Iterable[Any]], preservesPartitioning: bool = False
     ) -> DStream:
-        return self.mapPartitions(lambda it: chain.from_iterable(map(f, it)), preservesPartitioning)
+        return self.mapPartitions(
+            lambda it: chain.from_iterable(f(x) for x in it), preservesPartitioning
+        )
 
     def filter(self, f: Callable[[Any], bool]) -> DStream:
-        return self.mapPartitions(lambda it: filter(f, it), True)
+        return self.mapPartitions(lambda it: (x for x in it if f(x)), True)
 
     def mapValues(self, f: Callable[[Any], Any]) -> DStream:
         return self.map(lambda kv: (kv[0], f(kv[1])), preservesPartitioning=True)
@@ -287,7 +293,7 @@ class DStream:
     ) -> DStream:
         n = numPartitions or self._sc.defaultParallelism
         return self.transform(
-            lambda rdd: rdd.combineByKey(createCombiner, mergeValue, mergeCombiners, n)
+            lambda rdd: combine.combineByKey(rdd, createCombiner, mergeValue, mergeCombiners, n)
         )
 
     def groupByKey(self, numPartitions: int | None = None) -> DStream:

@@ -14,6 +14,7 @@ from typing import Any
 from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner, portable_hash
 
+from dstream import combine
 from dstream.dstream import DStream
 from dstream.timeutil import duration_to_ms
 
@@ -93,7 +94,7 @@ class ReducedWindowedDStream(DStream):
         record through Python once more."""
         if len(rdds) == 1 and rdds[0].partitioner == Partitioner(self._partitions, portable_hash):
             return rdds[0]
-        return self._sc.union(rdds).reduceByKey(self._func, self._partitions)
+        return combine.reduceByKey(self._sc.union(rdds), self._func, self._partitions)
 
     def _step(self, old: RDD, leaving: list[RDD], entering: list[RDD]) -> RDD:
         """The window after `old`: old - leaving + entering, filtered. The three are tagged and
