@@ -4,6 +4,7 @@ two trials that run a tiny real job through dstream and pyspark.streaming."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -414,3 +415,34 @@ def test_profile_attributes_jobs_to_batches_by_either_engines_properties():
     assert [(j["stages"], j["tasks"], j["run_ms"]) for j in grouped[5000]] == [(1, 2, 30)] * 2
     assert covered_ms(grouped[5000]) == 400  # 100-500, the overlap counted once
     assert covered_ms(grouped[6000]) == 200
+
+
+def test_ceiling_runs_each_program_unchanged_on_one_partition():
+    """bench.ceiling times the very programs of bench.programs on one partition; what their
+    output operation receives must be that partition's grep count or word counts."""
+    from bench.ceiling import partition_output
+
+    lines = list(feed.textgen.lines(reference.SEED, reference.RECORD_BYTES, 0, 0, 2_000))
+    words = Counter(word for line in lines for word in line.split())
+    matches = sum(reference.GREP_PATTERN in line for line in lines)
+    for variant in ("tutorial", "tuned"):
+        assert partition_output("grep", variant, iter(lines)) == [matches]
+        for workload in ("wordcount", "topk"):
+            assert dict(partition_output(workload, variant, iter(lines))) == words
+
+
+def test_ceiling_reads_only_confirmed_maxima(tmp_path):
+    from bench.ceiling import measured_maxima
+
+    rows = {
+        "dstream/tutorial": {"status": "confirmed", "rate": 300_000},
+        "pyspark.streaming/tutorial": {"status": "no passing rate", "rate": None},
+    }
+    path = tmp_path / "2026-01-01.json"
+    path.write_text(json.dumps({"tables": {"dstream.pydaemon": {"wordcount": rows}}}))
+    maxima = measured_maxima(path, "dstream.pydaemon")
+    assert maxima == {
+        ("wordcount", "dstream", "tutorial"): 300_000,
+        ("wordcount", "pyspark.streaming", "tutorial"): None,
+    }
+    assert measured_maxima(path, "pyspark.daemon") == {}
