@@ -106,3 +106,47 @@ def test_malformed_json_lines_go_to_the_dead_letter_directory(sc, tmp_path):
         ("events.jsonl", 2, '{"user": '),
         ("events.jsonl", 4, "not json"),
     ]
+
+
+def text_mode_lines(path: Path) -> list[str]:
+    """What a whole file reads as in Python's text mode, the line ends removed."""
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        return [line.rstrip("\n") for line in lines]
+
+
+def test_byte_ranges_read_every_line_once_wherever_the_cuts_fall(tmp_path):
+    """A text file is read in byte ranges (so one large file uses every core); each line goes to
+    the range holding its first byte, including \\r\\n and lone \\r line ends, multi-byte
+    characters and a last line without an end."""
+    from dstream.connectors.files import _lines_in_range
+
+    path = tmp_path / "mixed.txt"
+    path.write_bytes(
+        "first\nsecond\r\nthird\rfourth\n\n¿ñandú?\r\r\nlast".encode() + b"\xff bad byte\n"
+    )
+    expected = text_mode_lines(path)
+    size = path.stat().st_size
+    for first in range(size + 1):
+        for second in range(first, size + 1):
+            cuts = [0, first, second, size]
+            read = [
+                line
+                for start, end in zip(cuts, cuts[1:], strict=False)
+                for line in _lines_in_range((str(path), start, end))
+            ]
+            assert read == expected, (first, second)
+
+
+def test_a_batch_of_fewer_large_files_than_cores_is_cut_into_a_range_per_core(tmp_path):
+    from dstream.connectors.files import MIN_RANGE_BYTES, byte_ranges
+
+    big, small = tmp_path / "big", tmp_path / "small"
+    big.write_bytes(b"x" * (4 * MIN_RANGE_BYTES - 1) + b"\n")
+    small.write_bytes(b"y\n")
+    assert byte_ranges([str(big)], 2) == [
+        (str(big), 0, 2 * MIN_RANGE_BYTES),
+        (str(big), 2 * MIN_RANGE_BYTES, 4 * MIN_RANGE_BYTES),
+    ]
+    many = byte_ranges([str(big)] * 4 + [str(small)], 2)
+    assert len(many) == 5  # enough files for the cores: one range each
+    assert byte_ranges([str(small)], 8) == [(str(small), 0, 2)]

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from dstream.context import StreamingContext
     from dstream.spec import Source, StreamingJob
 
+MIN_RANGE_BYTES = 64 * 1024
+
 
 class FileInputDStream(InputDStream):
     """New files in a directory, in name order (names starting with '.' or '_' are ignored).
@@ -29,7 +31,9 @@ class FileInputDStream(InputDStream):
     memory. Writers should write under a hidden name and rename into place: a file is read as it
     is when its batch runs. With format 'json', each line must be a JSON document; a malformed
     line is counted (`malformed_records`), written with its file and line number to the
-    dead-letter directory, and skipped.
+    dead-letter directory, and skipped. Text files are read in byte ranges of about an equal
+    share of the batch per core, so that a batch of one large file uses every core; a JSON file
+    is read by one task (its dead-letter entries number its lines).
     """
 
     def __init__(
@@ -114,7 +118,8 @@ class FileInputDStream(InputDStream):
         if not files:
             return self._sc.emptyRDD()
         if self.format == "text":
-            return self._sc.parallelize(files, len(files)).flatMap(_read_text_lines)
+            ranges = byte_ranges(files, self._sc.defaultParallelism)
+            return self._sc.parallelize(ranges, len(ranges)).flatMap(_lines_in_range)
         deadletter = self._ssc._graph.deadletter_dir(time_ms)
         malformed = self._malformed
         return self._sc.parallelize(files, len(files)).flatMap(
@@ -122,10 +127,41 @@ class FileInputDStream(InputDStream):
         )
 
 
-def _read_text_lines(path: str) -> Iterator[str]:
-    with open(path, encoding="utf-8", errors="replace") as lines:
+def byte_ranges(paths: list[str], cores: int) -> list[tuple[str, int, int]]:
+    """(path, start, end): the files cut into byte ranges of about an equal share of the
+    batch's bytes per core (never under MIN_RANGE_BYTES), so that a batch of fewer large files
+    than cores still keeps every core busy. The files are complete (renamed into place), so a
+    replayed batch cuts them the same way."""
+    sizes = [os.path.getsize(path) for path in paths]
+    share = max(MIN_RANGE_BYTES, -(-sum(sizes) // cores))
+    ranges = []
+    for path, size in zip(paths, sizes, strict=True):
+        pieces = max(1, -(-size // share))
+        cuts = [size * i // pieces for i in range(pieces + 1)]
+        ranges += [(path, cuts[i], cuts[i + 1]) for i in range(pieces)]
+    return ranges
+
+
+def _lines_in_range(path_start_end: tuple[str, int, int]) -> Iterator[str]:
+    """The lines that begin in bytes [start, end) of the file, without their line ends (\\n,
+    \\r\\n or \\r, as Python's text mode and Hadoop's line reader end lines). A run of lines
+    ended by \\r belongs with the \\n-ended line it is part of to the range holding its first
+    byte, so ranges that tile a file read each of its lines once, wherever the cuts fall."""
+    path, start, end = path_start_end
+    with open(path, "rb") as lines:
+        if start:
+            lines.seek(start - 1)
+            lines.readline()  # the rest of a line that began before start
+        position = lines.tell()
         for line in lines:
-            yield line.rstrip("\n")
+            if position >= end:
+                break
+            position += len(line)
+            line = line.removesuffix(b"\n").removesuffix(b"\r")
+            if b"\r" in line:
+                yield from (part.decode("utf-8", errors="replace") for part in line.split(b"\r"))
+            else:
+                yield line.decode("utf-8", errors="replace")
 
 
 def _read_json_lines(path: str, deadletter: str | None, counter: Accumulator[int]) -> Iterator[Any]:
