@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"measured maxima: {args.results} ({args.daemon}); one core, best of {args.rounds}")
     print(
         "| workload | variant | one core, s per 100,000 lines | ceiling on "
-        f"{args.cores} cores, lines/s | dstream max | pyspark.streaming max | goal | goal / ceiling |"
+        f"{args.cores} cores, lines/s | dstream max | pyspark.streaming max | goal "
+        "| goal / ceiling |"
     )
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for workload in programs.WORKLOADS:

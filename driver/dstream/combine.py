@@ -7,9 +7,10 @@ calls the user's functions through a wrapper that turns a StopIteration into an 
 tutorial word count (a (word, 1) pair per word) that made a batch about 1.6 times as long
 (bench/README.md). Here the loop does only what the semantics need (create or merge), and
 memory is checked between chunks of `CHECK_EVERY` records; past `spark.python.worker.memory`
-the records so far and the rest go to `ExternalMerger`, which spills to disk as PySpark would. The result is
-the same RDD as PySpark's: same partitioner, same values. A StopIteration from the user's
-function still fails the task: it leaves the loop as an exception, not as the end of the records.
+the records so far and the rest go to `ExternalMerger`, which spills to disk as PySpark would.
+The result is the same RDD as PySpark's: same partitioner, same values. A StopIteration from the
+user's function still fails the task: it leaves the loop as an exception, not as the end of the
+records.
 """
 
 from __future__ import annotations
