@@ -10,8 +10,8 @@ left out). Timed on one core, with the garbage collector off (what collections c
 the process's heap, not the program). With C cores and 1 s batches, no engine can sustain much
 more than C x (lines per second of one core). It is an estimate, not a bound to the last
 percent: Spark's Python workers ran the tuned programs a few percent faster than this process
-does (the tuned TopK's measured maximum is 4% above its ceiling), so a goal is out of reach
-only when it is well above the ceiling.
+does (on 2026-11-24 the tuned TopK's measured maximum was 4% above its ceiling), so a goal is
+out of reach only when it is well above the ceiling.
 
 Beside each ceiling it prints the day's measured maxima and issue 17's goals (dstream 2x
 pyspark.streaming's rate on WordCount and TopK, 1.5x on Grep), so whether a goal is reachable
