@@ -130,8 +130,9 @@ class FileInputDStream(InputDStream):
 def byte_ranges(paths: list[str], cores: int) -> list[tuple[str, int, int]]:
     """(path, start, end): the files cut into byte ranges of about an equal share of the
     batch's bytes per core (never under MIN_RANGE_BYTES), so that a batch of fewer large files
-    than cores still keeps every core busy. The files are complete (renamed into place), so a
-    replayed batch cuts them the same way."""
+    than cores still keeps every core busy. The files are complete (renamed into place) and a
+    line is read by the range holding its first byte, so a replayed batch reads the same lines
+    however it cuts them (with another core count, say)."""
     sizes = [os.path.getsize(path) for path in paths]
     share = max(MIN_RANGE_BYTES, -(-sum(sizes) // cores))
     ranges = []
