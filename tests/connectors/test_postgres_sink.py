@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from dstream.connectors.postgres import PostgresSink, TableMismatchError
+from dstream.connectors.postgres import COMMIT_TABLE, PostgresSink, TableMismatchError
 from dstream.failure import BatchFailedError, FailurePolicy
 from dstream.job import build_context
 from dstream.spec import PostgresSink as PostgresSettings
@@ -44,9 +44,13 @@ def execute(server: PostgresServer, statement: str) -> None:
 
 
 def commits(server: PostgresServer, table: str) -> list[tuple]:
+    """The commit rows of a table; none while the sink has yet to commit its first batch (it
+    creates the commit table in the batch's own transaction)."""
+    if query(server, "SELECT to_regclass(%s)", COMMIT_TABLE) == [(None,)]:
+        return []
     return query(
         server,
-        "SELECT output, batch_time, rows, rejected FROM dstream_commits"
+        f"SELECT output, batch_time, rows, rejected FROM {COMMIT_TABLE}"
         " WHERE job = %s AND target = %s ORDER BY batch_time, output",
         JOB,
         table,
