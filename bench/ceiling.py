@@ -74,7 +74,12 @@ class OnePartition:
     ) -> OnePartition:
         reduced: dict[Any, Any] = {}
         for key, value in self._records:
-            reduced[key] = func(reduced[key], value) if key in reduced else value
+            try:
+                combined = reduced[key]
+            except KeyError:
+                reduced[key] = value
+            else:
+                reduced[key] = func(combined, value)
         return self._then(reduced.items())
 
     def foreachRDD(self, _output: Any) -> None:

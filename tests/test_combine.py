@@ -6,6 +6,7 @@ from __future__ import annotations
 import operator
 from collections import Counter
 
+import pytest
 from dstream import combine
 from pyspark.serializers import CPickleSerializer
 from pyspark.shuffle import Aggregator
@@ -66,3 +67,18 @@ def test_under_the_memory_limit_a_partition_is_combined_in_one_dict():
     combined = side(iter((w, 1) for w in words))
     assert isinstance(combined, type({}.items()))
     assert {w: len(v) for w, v in combined} == Counter(words)
+
+
+def test_a_key_error_from_the_users_function_is_raised_not_taken_for_a_new_key():
+    """The loop finds a key by catching KeyError from its dict: one raised by the user's own
+    function must still reach the task, not start the key afresh."""
+    totals = {"a": 1}
+
+    def merge_known(combined: int, value: str) -> int:
+        return combined + totals[value]
+
+    agg = Aggregator(int, merge_known, operator.add)
+    side = combine.Combine(int, merge_known, agg, True, 1 << 40, CPickleSerializer())
+    assert dict(side(iter([("k", "0"), ("k", "a")]))) == {"k": 1}
+    with pytest.raises(KeyError, match="'b'"):
+        side(iter([("k", "0"), ("k", "b")]))
