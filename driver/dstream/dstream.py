@@ -153,17 +153,21 @@ class DStream:
                 return None
             rdd = self.compute(time_ms)
             if rdd is not None:
-                self._prepare(rdd, time_ms)
+                rdd = self._prepare(rdd, time_ms)
                 self._generated[time_ms] = rdd
             return rdd
 
-    def _prepare(self, rdd: RDD, time_ms: int) -> None:
+    def _prepare(self, rdd: RDD, time_ms: int) -> RDD:
+        """The RDD the stream keeps for `time_ms`: persisted, and written as a durable batch
+        or marked for a state checkpoint when one is due."""
+        graph = self._ssc._graph
+        if self._durable_batches and graph.checkpoint_path is not None:
+            rdd = graph.write_durably(self, rdd, time_ms)
+        elif self._checkpoint_ms and (time_ms - graph.zero_ms) % self._checkpoint_ms == 0:
+            graph.mark_for_checkpoint(self, rdd, time_ms)
         if self._storage_level is not None and not rdd.is_cached:
             rdd.persist(self._storage_level)
-        graph = self._ssc._graph
-        due = self._checkpoint_ms and (time_ms - graph.zero_ms) % self._checkpoint_ms == 0
-        if due or (self._durable_batches and graph.checkpoint_path is not None):
-            graph.mark_for_checkpoint(self, rdd, time_ms)
+        return rdd
 
     def _checkpoints_kept(self) -> int:
         """How many of its newest checkpoints stay in force: two for state (if the newest is

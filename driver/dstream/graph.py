@@ -22,6 +22,8 @@ from pyspark import RDD, Accumulator, SparkContext
 from pyspark.accumulators import AccumulatorParam
 from pyspark.serializers import CloudPickleSerializer
 
+from dstream import durable
+
 if TYPE_CHECKING:
     from dstream.context import StreamingContext
     from dstream.dstream import DStream, OutputDStream
@@ -104,6 +106,7 @@ class DStreamGraph:
         self.checkpoint_path: Path | None = None
         self._deadletter_fallback: Path | None = None
         self._marked: dict[int, tuple[DStream, RDD, int]] = {}
+        self._durable: dict[int, tuple[DStream, RDD, int, str]] = {}
         self.in_force: dict[int, list[tuple[int, str]]] = {}
         self.coalesced: set[int] = set()  # batch times merged into a later batch (scheduler.py)
         self._lock = threading.Lock()
@@ -205,10 +208,46 @@ class DStreamGraph:
         with self._lock:
             self._marked[id(rdd)] = (stream, rdd, time_ms)
 
+    def write_durably(self, stream: DStream, rdd: RDD, time_ms: int) -> RDD:
+        """`rdd` passing through a task-side writer of its partitions (durable.py): the
+        batch's output job writes it, no second job."""
+        directory = f"{rdd.context.getCheckpointDir()}/rdd-{rdd.id()}"
+        writer = durable.PartWriter(directory, rdd.getNumPartitions())
+        written = rdd.mapPartitionsWithIndex(writer, preservesPartitioning=True)
+        with self._lock:
+            self._durable[id(written)] = (stream, written, time_ms, directory)
+        return written
+
+    def write_missing_parts(self) -> None:
+        """Run a job for the durable partitions the batch's outputs did not compute (an
+        output that took a few records), as Spark's checkpoint runs its own job."""
+        with self._lock:
+            pending = [(rdd, directory) for _s, rdd, _t, directory in self._durable.values()]
+        for rdd, directory in pending:
+            missing = durable.missing_parts(directory, rdd.getNumPartitions())
+            if missing:
+                rdd.context.runJob(rdd, _drain, missing)
+
+    def read_durably(self, sc: SparkContext, directory: str) -> RDD:
+        """A durable batch read back, hash-partitioned as written: its parts are checked in
+        the driver, then each task reads its own part. The partitioner comes from an empty
+        shuffle, so a window unites it with its other batches without moving records."""
+        partitions = durable.check_parts(directory)
+        reader = durable.PartReader(directory, partitions)
+        nothing = sc.parallelize([], partitions).partitionBy(partitions)
+        rdd = nothing.mapPartitionsWithIndex(reader, preservesPartitioning=True)
+        return rdd.setName(f"durable batch {directory}")
+
     def completed_checkpoints(self) -> dict[str, dict[str, Any]]:
         """State checkpoints written since the last call: {stream index: {time, path}}."""
         done: dict[str, dict[str, Any]] = {}
         with self._lock:
+            for key, (stream, rdd, time_ms, directory) in list(self._durable.items()):
+                if durable.missing_parts(directory, rdd.getNumPartitions()):
+                    continue
+                del self._durable[key]
+                done[str(stream._index)] = {"time": time_ms, "path": directory}
+                self.keep_checkpoint(stream._index, time_ms, directory)
             for key, (stream, rdd, time_ms) in list(self._marked.items()):
                 if not rdd.isCheckpointed():
                     continue
@@ -246,3 +285,9 @@ class DStreamGraph:
                 self._deadletter_fallback = Path(tempfile.mkdtemp(prefix="dstream-deadletter-"))
             base = self._deadletter_fallback
         return str(base / f"batch-{time_ms}")
+
+
+def _drain(records: Any) -> list[Any]:
+    for _record in records:
+        pass
+    return []

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark import RDD
 from pyspark.rdd import Partitioner, portable_hash
 
-from dstream import pools
+from dstream import durable, pools
 from dstream.checkpoint import (
     CheckpointDir,
     CheckpointMismatchError,
@@ -323,9 +323,12 @@ class BatchScheduler:
 
     def _read_checkpoint(self, stream: DStream, path: str, torn: list[str]) -> RDD | None:
         """A state checkpoint as an RDD, read through once in the JVM to verify it (its
-        partitioner back when the stream's RDDs are hash-partitioned); None when torn."""
+        partitioner back when the stream's RDDs are hash-partitioned), or a durable batch
+        checked part by part; None when torn."""
         sc = self._ssc.sparkContext
         try:
+            if durable.is_durable(path):
+                return self._graph.read_durably(sc, path)
             check_state_checkpoint(path)
             jrdd = sc._jsc.checkpointFile(path)
             jrdd.count()
@@ -563,9 +566,10 @@ class BatchScheduler:
         return self._retrying(info, step, attempt)
 
     def _run_outputs(self, info: BatchInfo) -> Exception | None:
-        """Run the batch's output operations; those that fail run again under the failure
-        policy (those that succeeded do not run again). The batch's RDDs are generated once,
-        so a retry reads the same input ranges."""
+        """Run the batch's output operations, then write the durable partitions they did not
+        compute; what fails runs again under the failure policy (outputs that succeeded do
+        not run again). The batch's RDDs are generated once, so a retry reads the same input
+        ranges."""
         time_ms = info.batch_time_ms
         pending = list(self._graph.outputs)
 
@@ -578,7 +582,16 @@ class BatchScheduler:
                     log.error("batch %s: output job failed: %s", datetime_of(time_ms), error)
                     failures.append((output, error))
             pending[:] = [output for output, _error in failures]
-            return failures[0][1] if failures else None
+            if failures:
+                return failures[0][1]
+            try:
+                self._graph.write_missing_parts()
+            except Exception as error:
+                log.error(
+                    "batch %s: writing durable batches failed: %s", datetime_of(time_ms), error
+                )
+                return error
+            return None
 
         return self._retrying(info, "running its outputs", attempt)
 

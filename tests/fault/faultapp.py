@@ -6,7 +6,10 @@ directory written by the files sink, and the test checks every kind from the sam
 - ("total", initial): a running total per initial letter, through updateStateByKey (kept small);
 - ("window", word): counts over the last `window` seconds, incrementally with an inverse function.
 With `taskSleepSeconds`, every input task first sleeps that long, so that a test can kill an
-executor while it is certainly in the middle of a batch; with `recordMicros`, every record costs
+executor while it is certainly in the middle of a batch; with `outputSleepSeconds`, every
+output task sleeps that long after its last record (the durable batch the window subtracts is
+written by then), so that a test can break the checkpoint between a batch's outputs and its
+commit; with `recordMicros`, every record costs
 that much wall-clock time (slept, not spun), so that a test can overload the job at a rate whose
 reference is cheap to compute. Neither changes the output.
 """
@@ -31,6 +34,14 @@ def pause_then_pass(seconds: float) -> Any:
     def pause(records: Iterator[str]) -> Iterator[str]:
         time.sleep(seconds)
         return records
+
+    return pause
+
+
+def pass_then_pause(seconds: float) -> Any:
+    def pause(records: Iterator[Any]) -> Iterator[Any]:
+        yield from records
+        time.sleep(seconds)
 
     return pause
 
@@ -68,4 +79,7 @@ def build(ssc: StreamingContext, lines: DStream, args: dict[str, Any]) -> DStrea
         totals.map(lambda kv: (("total", kv[0]), kv[1])),
         windowed.map(lambda kv: (("window", kv[0]), kv[1])),
     ]
-    return ssc.union(*tagged)
+    united = ssc.union(*tagged)
+    if args.get("outputSleepSeconds"):
+        return united.mapPartitions(pass_then_pause(float(args["outputSleepSeconds"])))
+    return united

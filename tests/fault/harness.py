@@ -60,6 +60,7 @@ class FaultJob:
     checkpoint_interval_s: int = 4
     parallelism: int = 1  # shuffle partitions: few tasks, as the suite shares 2 cores
     task_sleep_s: float = 0
+    output_sleep_s: float = 0
     record_micros: float = 0
     extra_spec: dict[str, Any] = field(default_factory=dict)
 
@@ -95,6 +96,7 @@ class FaultJob:
                 "args": {
                     "window": self.window_s,
                     "taskSleepSeconds": self.task_sleep_s,
+                    "outputSleepSeconds": self.output_sleep_s,
                     "recordMicros": self.record_micros,
                 },
             },

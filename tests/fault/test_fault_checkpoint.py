@@ -124,8 +124,9 @@ def test_torn_state_checkpoints_fall_back_to_the_previous_ones(job):
 
 def test_a_restarted_window_subtracts_its_durable_batches_instead_of_recomputing_them(job):
     """Every batch's counts under the window are written (5 s window, state every 2 s: the
-    newest 5 + 2 * 2 + 1 = 10 stay); a restart reads them back, as checkpoint files rather than
-    lineage to the source, and one torn among them is recomputed from its source instead."""
+    newest 5 + 2 * 2 + 1 = 10 stay); a restart reads them back, from their part files rather
+    than by lineage to the source, and one torn among them is recomputed from its source
+    instead."""
     rng = fault_rng()
     ssc = job.start()
     job.run(ssc, 12)
@@ -147,8 +148,9 @@ def test_a_restarted_window_subtracts_its_durable_batches_instead_of_recomputing
     restored = {t: stream._generated[t] for t in times if t in stream._generated}
     assert sorted(restored) == sorted(set(times) - {torn_time})
     for rdd in restored.values():
-        assert rdd._jrdd.rdd().getClass().getSimpleName() == "ReliableCheckpointRDD"
+        assert rdd.name().startswith("durable batch file:")  # read from its files
         assert rdd.partitioner is not None  # one batch is subtracted without a shuffle
+        assert rdd._jrdd.rdd().partitioner().isDefined()  # nor a union of the window's
     job.run(ssc, 3)
     ssc.stop(stopSparkContext=False)
     assert_exact(job)

@@ -53,6 +53,11 @@ def sink_entries(job: InProcessJob, time_ms: int) -> list[str]:
     return sorted(p.name for p in job.job.out.iterdir() if f"batch-{time_ms}" in p.name)
 
 
+def durable_parts(job: InProcessJob) -> set[Path]:
+    """The part files of the durable batches the window subtracts (dstream/durable.py)."""
+    return set((job.job.checkpoint / "state").glob("*/rdd-*/part-*"))
+
+
 def assert_exact(job: InProcessJob, batches: int) -> None:
     verdict = verify(job.job)
     assert verdict.batches == batches and not verdict.mismatched_batches, verdict
@@ -81,16 +86,19 @@ def test_a_checkpoint_read_only_for_a_while_holds_the_batch_back_then_it_runs_ex
 def test_a_checkpoint_read_only_past_the_retries_leaves_the_batch_uncommitted_for_a_restart(
     sc, tmp_path
 ):
-    """The directory turns read-only while batch 2's outputs run (its tasks take a second, and
-    no state checkpoint is due): its commit marker cannot be written, the retries run out, and
-    the run stops with the batch's output written but not committed. The restart on the
-    writable directory replays it from its record and replaces that output with the same one."""
-    job = in_process(sc, tmp_path, GIVE_UP, task_sleep_s=1, checkpoint_interval_s=3)
+    """The directory turns read-only once batch 2's outputs have written its durable window
+    batch (its output tasks then take a second more, and no state checkpoint is due): its
+    commit marker cannot be written, the retries run out, and the run stops with the batch's
+    output written but not committed. The restart on the writable directory replays it from
+    its record and replaces that output with the same one."""
+    job = in_process(sc, tmp_path, GIVE_UP, output_sleep_s=1, checkpoint_interval_s=3)
     with tmpfs(job.job.checkpoint):
         ssc = job.start()
         job.run(ssc, 1)
+        written = durable_parts(job)
+        per_batch = len(written) // len({part.parent for part in written})
         time_ms = job.advance(ssc)
-        wait_until(lambda: sink_entries(job, time_ms), 60)  # the outputs have started
+        wait_until(lambda: len(durable_parts(job) - written) == per_batch, 60)
         remount(job.job.checkpoint, "ro")
         with pytest.raises(BatchFailedError) as failed:
             ssc.awaitTermination(60)

@@ -1,0 +1,129 @@
+"""Durable batch reductions: each partition written by the task that computes it.
+
+An incremental window subtracts the batches leaving it, so a restarted driver needs those
+batches' reductions; they are written under the run's state directory as `rdd-<id>/part-NNNNN`
+(beside Spark's reliable checkpoints, pruned the same way). Spark's `rdd.checkpoint()` would
+write them in a second job after every batch's output job, plus the driver's side of a Spark
+checkpoint: about 45 ms a batch (bench/README.md). Here the task that computes a partition for
+the batch's output also writes it, as it hands the records on; the driver only runs a job for
+partitions no output computed (an output that took a few records).
+
+A part file: MAGIC, then chunks of records (each an 8-byte length and a pickled list), then a
+trailer: the part's index, the RDD's partition count, the CRC-32 of the chunks and the record
+count. It is written to a temporary name, fsynced and renamed, so a crash leaves no part or a
+whole one; a part that is cut short, altered or missing is found by `check_parts`.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from dstream.checkpoint import TornFileError, write_atomically
+
+MAGIC = b"dstream-part\x01"
+_TRAILER = struct.Struct(">IIIQ")  # index, partitions, crc32 of the chunks, records
+_LENGTH = struct.Struct(">Q")
+CHUNK_RECORDS = 1024
+
+
+def part_path(directory: str | Path, index: int) -> Path:
+    return Path(str(directory).removeprefix("file:")) / f"part-{index:05d}"
+
+
+def is_durable(directory: str) -> bool:
+    """Whether a state checkpoint directory holds parts of this format (else Spark's own)."""
+    first = part_path(directory, 0)
+    try:
+        with open(first, "rb") as part:
+            return part.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class PartWriter:
+    """The task side: pass a partition's records on, and once all have passed, write them as
+    the partition's part file. A partition left unfinished (an output that took only some
+    records) writes nothing."""
+
+    directory: str
+    partitions: int
+
+    def __call__(self, index: int, records: Iterable[Any]) -> Iterator[Any]:
+        chunks: list[bytes] = []
+        count = 0
+        records = iter(records)
+        while chunk := list(islice(records, CHUNK_RECORDS)):
+            pickled = pickle.dumps(chunk, pickle.HIGHEST_PROTOCOL)
+            chunks += (_LENGTH.pack(len(pickled)), pickled)
+            count += len(chunk)
+            yield from chunk
+        body = b"".join(chunks)
+        trailer = _TRAILER.pack(index, self.partitions, zlib.crc32(body), count)
+        write_atomically(part_path(self.directory, index), MAGIC + body + trailer)
+
+
+def read_part(directory: str, index: int, partitions: int) -> list[Any]:
+    """A part's records; TornFileError unless it is whole and belongs where it is found."""
+    path = part_path(directory, index)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise TornFileError(f"{path}: missing") from None
+    if len(data) < len(MAGIC) + _TRAILER.size or not data.startswith(MAGIC):
+        raise TornFileError(f"{path}: not a whole part ({len(data)} bytes)")
+    body = data[len(MAGIC) : -_TRAILER.size]
+    found_index, found_partitions, crc, count = _TRAILER.unpack(data[-_TRAILER.size :])
+    if zlib.crc32(body) != crc:
+        raise TornFileError(f"{path}: checksum mismatch")
+    if (found_index, found_partitions) != (index, partitions):
+        raise TornFileError(
+            f"{path}: part {found_index} of {found_partitions}, expected {index} of {partitions}"
+        )
+    records: list[Any] = []
+    at = 0
+    while at < len(body):
+        (length,) = _LENGTH.unpack_from(body, at)
+        records += pickle.loads(body[at + _LENGTH.size : at + _LENGTH.size + length])
+        at += _LENGTH.size + length
+    if len(records) != count:
+        raise TornFileError(f"{path}: {len(records)} records, its trailer says {count}")
+    return records
+
+
+def check_parts(directory: str) -> int:
+    """The partition count of a durable batch whose every part is whole; TornFileError else."""
+    first = part_path(directory, 0)
+    try:
+        with open(first, "rb") as part:
+            part.seek(-_TRAILER.size, 2)
+            partitions = _TRAILER.unpack(part.read())[1]
+    except (OSError, struct.error) as error:
+        raise TornFileError(f"{first}: unreadable ({error})") from None
+    if partitions < 1:
+        raise TornFileError(f"{first}: not a whole part (its trailer says 0 partitions)")
+    for index in range(partitions):
+        read_part(directory, index, partitions)
+    return partitions
+
+
+def missing_parts(directory: str, partitions: int) -> list[int]:
+    return [i for i in range(partitions) if not part_path(directory, i).exists()]
+
+
+@dataclass(frozen=True)
+class PartReader:
+    """The task side of reading a durable batch back: partition i is part i."""
+
+    directory: str
+    partitions: int
+
+    def __call__(self, index: int, _nothing: Iterable[Any]) -> list[Any]:
+        return read_part(self.directory, index, self.partitions)

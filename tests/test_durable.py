@@ -1,0 +1,109 @@
+"""Durable batch reductions (dstream/durable.py): the part format, its torn-file detection, and
+that a window's batches are written by the batch's own output job."""
+
+from __future__ import annotations
+
+import operator
+import random
+from pathlib import Path
+
+import pytest
+from dstream import durable
+from dstream.checkpoint import TornFileError
+from streams import manual_context, run_batches
+
+RECORDS = [(f"k{i}", i) for i in range(2_500)] + [(("tuple", "key"), [1.5, None])]
+
+
+def write_parts(directory: Path, partitions: list[list[object]]) -> None:
+    for index, records in enumerate(partitions):
+        passed = list(durable.PartWriter(str(directory), len(partitions))(index, iter(records)))
+        assert passed == records  # handed on unchanged
+
+
+def test_parts_read_back_as_written_in_chunks(tmp_path):
+    write_parts(tmp_path, [RECORDS, [], RECORDS[:3]])
+    assert durable.is_durable(str(tmp_path))
+    assert durable.check_parts(f"file:{tmp_path}") == 3
+    assert durable.read_part(str(tmp_path), 0, 3) == RECORDS  # more than one chunk
+    assert durable.read_part(str(tmp_path), 1, 3) == []
+    assert durable.PartReader(str(tmp_path), 3)(2, iter(())) == RECORDS[:3]
+
+
+def test_a_partition_left_unfinished_writes_no_part(tmp_path):
+    passing = durable.PartWriter(str(tmp_path), 1)(0, iter(RECORDS))
+    assert next(passing) == RECORDS[0]
+    passing.close()  # an output that took one record
+    assert durable.missing_parts(str(tmp_path), 1) == [0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("damage", ["cut", "flipped byte", "missing part", "moved part"])
+def test_a_damaged_part_is_reported_torn(tmp_path, damage):
+    write_parts(tmp_path, [RECORDS, RECORDS[:100]])
+    first, second = durable.part_path(tmp_path, 0), durable.part_path(tmp_path, 1)
+    data = second.read_bytes()
+    rng = random.Random(len(data))
+    if damage == "cut":
+        second.write_bytes(data[: rng.randrange(len(data))])
+    elif damage == "flipped byte":
+        at = rng.randrange(len(durable.MAGIC), len(data))
+        second.write_bytes(data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1 :])
+    elif damage == "missing part":
+        second.unlink()
+    else:
+        second.replace(first)
+    with pytest.raises(TornFileError, match="part-0000"):
+        durable.check_parts(str(tmp_path))
+
+
+def test_every_cut_of_a_part_is_caught(tmp_path):
+    write_parts(tmp_path, [RECORDS[:40]])
+    part = durable.part_path(tmp_path, 0)
+    whole = part.read_bytes()
+    for length in range(len(whole)):
+        part.write_bytes(whole[:length])
+        with pytest.raises(TornFileError):
+            durable.check_parts(str(tmp_path))
+
+
+def jobs_per_batch(ssc, sc) -> list[int]:
+    tracker = sc.statusTracker()
+    return [
+        len(tracker.getJobIdsForGroup(f"dstream-batch-{b.batch_time_ms}"))
+        for b in ssc._scheduler.history
+    ]
+
+
+def test_a_windows_batches_are_written_by_the_outputs_own_job(sc, tmp_path):
+    """Each batch runs one Spark job (its output), which also writes the reduction the window
+    will subtract; the batch that checkpoints the window's state runs one more (Spark's)."""
+    ssc = manual_context(sc)
+    ssc.checkpoint(str(tmp_path / "checkpoint"))
+    batches = [[("a", 1), ("b", 2)], [("a", 3)], [("c", 1)], [("a", 1)]] * 2
+    seen: list[int] = []
+    windowed = ssc.queueStream([sc.parallelize(b, 2) for b in batches], oneAtATime=True)
+    windowed = windowed.reduceByKeyAndWindow(operator.add, operator.sub, 5, 1, 2)
+    windowed.checkpoint(4)
+    windowed.foreachRDD(lambda rdd: seen.append(rdd.count()))
+    run_batches(ssc, 8)
+    assert len(seen) == 8
+    assert jobs_per_batch(ssc, sc) == [1, 1, 1, 2, 1, 1, 1, 2]
+    logged = [c["state"] for c in (ssc._scheduler._checkpoint.load_log().commits.values())]
+    durable_dirs = {entry["path"] for state in logged for entry in state.values()}
+    assert sum(durable.is_durable(path) for path in durable_dirs) == 8
+
+
+def test_partitions_an_output_did_not_compute_are_written_by_a_job_of_their_own(sc, tmp_path):
+    """pprint-like outputs take a few records: the rest of the durable batch is written after
+    them, so a restart finds every part."""
+    ssc = manual_context(sc)
+    ssc.checkpoint(str(tmp_path / "checkpoint"))
+    pairs = ssc.queueStream([sc.parallelize([(k, 1) for k in range(200)], 4)] * 3)
+    windowed = pairs.reduceByKeyAndWindow(operator.add, operator.sub, 5, 1, 4)
+    windowed.foreachRDD(lambda rdd: rdd.take(1))
+    run_batches(ssc, 3)
+    commits = ssc._scheduler._checkpoint.load_log().commits
+    written = [e["path"] for c in commits.values() for e in c["state"].values()]
+    assert len(written) == 3
+    assert all(durable.check_parts(path) == 4 for path in written)
