@@ -8,7 +8,8 @@ Layout under the checkpoint path:
                             checkpoints that batch made (a batch skipped under failurePolicy
                             onExhausted: skip is committed with its error and skipped ranges,
                             so a restart does not re-run it)
-    state/                  Spark's reliable RDD checkpoints (sc.setCheckpointDir)
+    state/                  Spark's reliable RDD checkpoints (sc.setCheckpointDir), and
+                            windows' durable batch reductions beside them (durable.py)
     deadletter/             malformed input records, per batch
 Every file is written to a temporary name, fsynced and renamed, and carries a checksum, so a
 crash mid-write leaves either the old state or a file that is detected as torn and ignored; a
