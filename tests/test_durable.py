@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import operator
 import random
+import time
 from pathlib import Path
 
 import pytest
-from dstream import durable
-from dstream.checkpoint import TornFileError
+from dstream import StreamingContext, durable
+from dstream.checkpoint import CheckpointWriteError, TornFileError
+from dstream.clock import ManualClock
 from streams import manual_context, run_batches
 
 RECORDS = [(f"k{i}", i) for i in range(2_500)] + [(("tuple", "key"), [1.5, None])]
@@ -78,7 +80,9 @@ def jobs_per_batch(ssc, sc) -> list[int]:
 def test_a_windows_batches_are_written_by_the_outputs_own_job(sc, tmp_path):
     """Each batch runs one Spark job (its output), which also writes the reduction the window
     will subtract; the batch that checkpoints the window's state runs one more (Spark's)."""
-    ssc = manual_context(sc)
+    # batch times of their own: job groups are named by batch time, and the session's
+    # SparkContext ran other tests' batches at the manual clock's usual times
+    ssc = StreamingContext(sc, 1, clock=ManualClock(round(time.time()) * 1000))
     ssc.checkpoint(str(tmp_path / "checkpoint"))
     batches = [[("a", 1), ("b", 2)], [("a", 3)], [("c", 1)], [("a", 1)]] * 2
     seen: list[int] = []
@@ -107,3 +111,19 @@ def test_partitions_an_output_did_not_compute_are_written_by_a_job_of_their_own(
     written = [e["path"] for c in commits.values() for e in c["state"].values()]
     assert len(written) == 3
     assert all(durable.check_parts(path) == 4 for path in written)
+
+
+def test_a_part_storage_refused_is_named_in_the_jobs_failure(sc, tmp_path):
+    """A task that cannot write its part fails the job; the driver names the part and the
+    OS's reason, not only the output whose task broke."""
+    not_a_directory = tmp_path / "a-file"
+    not_a_directory.write_text("")
+    pairs = sc.parallelize([("a", 1)], 1)
+    writing = pairs.mapPartitionsWithIndex(durable.PartWriter(f"{not_a_directory}/rdd-1", 1))
+    with pytest.raises(Exception) as failed:
+        writing.collect()
+    found = durable.part_write_failure(failed.value)
+    assert isinstance(found, CheckpointWriteError)
+    part = f"{not_a_directory}/rdd-1/part-00000"
+    assert str(found) == f"cannot write checkpoint file {part}: Not a directory"
+    assert durable.part_write_failure(ValueError("something else")) is None

@@ -17,6 +17,7 @@ whole one; a part that is cut short, altered or missing is found by `check_parts
 from __future__ import annotations
 
 import pickle
+import re
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
@@ -25,12 +26,15 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from dstream.checkpoint import TornFileError, write_atomically
+from dstream.checkpoint import CheckpointWriteError, TornFileError, write_atomically
 
 MAGIC = b"dstream-part\x01"
 _TRAILER = struct.Struct(">IIIQ")  # index, partitions, crc32 of the chunks, records
 _LENGTH = struct.Struct(">Q")
 CHUNK_RECORDS = 1024
+_PART_NOT_WRITTEN = re.compile(
+    rf"{CheckpointWriteError.__name__}: cannot write checkpoint file (.+?/part-\d+): (.+)$", re.M
+)
 
 
 def part_path(directory: str | Path, index: int) -> Path:
@@ -127,3 +131,14 @@ class PartReader:
 
     def __call__(self, index: int, _nothing: Iterable[Any]) -> list[Any]:
         return read_part(self.directory, index, self.partitions)
+
+
+def part_write_failure(error: BaseException) -> CheckpointWriteError | None:
+    """The CheckpointWriteError behind a failed job when a task could not write its durable
+    part: it reaches the driver only as text in Spark's error (which a sink may wrap again),
+    and the checkpoint file that storage refused says more than the output whose task broke."""
+    for layer in (error, error.__cause__):
+        found = _PART_NOT_WRITTEN.search(str(layer)) if layer is not None else None
+        if found:
+            return CheckpointWriteError(None, found.group(2), found.group(1))
+    return None

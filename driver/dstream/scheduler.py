@@ -580,7 +580,7 @@ class BatchScheduler:
                     output.run(time_ms)
                 except Exception as error:
                     log.error("batch %s: output job failed: %s", datetime_of(time_ms), error)
-                    failures.append((output, error))
+                    failures.append((output, durable.part_write_failure(error) or error))
             pending[:] = [output for output, _error in failures]
             if failures:
                 return failures[0][1]
@@ -590,7 +590,7 @@ class BatchScheduler:
                 log.error(
                     "batch %s: writing durable batches failed: %s", datetime_of(time_ms), error
                 )
-                return error
+                return durable.part_write_failure(error) or error
             return None
 
         return self._retrying(info, "running its outputs", attempt)

@@ -167,8 +167,9 @@ def test_a_full_sink_volume_fails_the_batch_uncommitted_and_a_restart_writes_it_
 @pytest.mark.slow
 def test_dstream_run_exits_5_naming_the_read_only_checkpoint_file(tmp_path):
     """A real `dstream run` whose checkpoint turns read-only: once the retries are spent it
-    exits 5, its error names the checkpoint file and the OS's reason, and that batch has no
-    commit marker."""
+    exits 5, its error names the checkpoint file (the batch record, the commit marker, or a
+    part of the durable batch its output tasks write) and the OS's reason, and that batch has
+    no commit marker."""
     job = RateJob(
         tmp_path, batch_s=1, partitions=1, window_s=2, extra_spec={"failurePolicy": GIVE_UP}
     )
@@ -184,8 +185,9 @@ def test_dstream_run_exits_5_naming_the_read_only_checkpoint_file(tmp_path):
         output = "\n".join(line.text for line in driver.lines)
         failed = re.search(
             r"\((\d+)\) failed after 1 retries and was not committed: CheckpointWriteError: "
-            rf"cannot write checkpoint file {re.escape(str(job.checkpoint))}/log/"
-            r"(?:batch|commit)-\1\.json: Read-only file system",
+            rf"cannot write checkpoint file {re.escape(str(job.checkpoint))}/"
+            r"(?:log/(?:batch|commit)-\1\.json|state/[^/]+/rdd-\d+/part-\d+): "
+            r"Read-only file system",
             output,
         )
         assert failed, output
