@@ -55,7 +55,8 @@ def is_durable(directory: str) -> bool:
 @dataclass(frozen=True)
 class PartWriter:
     """The task side: pass a partition's records on, and once all have passed, write them as
-    the partition's part file. A partition left unfinished (an output that took only some
+    the partition's part file. The pickled partition is held until then (a batch's reduction:
+    at most one record per key). A partition left unfinished (an output that took only some
     records) writes nothing."""
 
     directory: str

@@ -11,7 +11,7 @@ output task sleeps that long after its last record (the durable batch the window
 written by then), so that a test can break the checkpoint between a batch's outputs and its
 commit; with `recordMicros`, every record costs
 that much wall-clock time (slept, not spun), so that a test can overload the job at a rate whose
-reference is cheap to compute. Neither changes the output.
+reference is cheap to compute. None of them changes the output.
 """
 
 from __future__ import annotations
