@@ -242,8 +242,8 @@ class CheckpointDir:
                     entry.unlink(missing_ok=True)
         if not self.state_dir.exists():
             return
-        keep = {_local_path(p) for p in keep_state_paths}
-        running = _local_path(current_run) if current_run else None
+        keep = {local_path(p) for p in keep_state_paths}
+        running = local_path(current_run) if current_run else None
         for run_dir in self.state_dir.iterdir():
             this_run = run_dir.resolve() == running
             for rdd_dir in run_dir.glob("rdd-*"):
@@ -277,7 +277,7 @@ def check_state_checkpoint(uri: str) -> None:
     an error. Parts without a `.crc` (another file system than the local one) are left to Spark."""
     if not uri.startswith(("file:", "/")):
         return
-    for part in _local_path(uri).glob("part-*"):
+    for part in local_path(uri).glob("part-*"):
         covered = _crc_coverage(part.with_name(f".{part.name}.crc"))
         if covered is None:
             continue
@@ -302,7 +302,8 @@ def _crc_coverage(sums: Path) -> tuple[int, int] | None:
     return chunk, (length - len(header)) // 4
 
 
-def _local_path(uri: str) -> Path:
+def local_path(uri: str) -> Path:
+    """A local checkpoint path from what Spark reports for it (`file:/...`) or a plain path."""
     return Path(uri.removeprefix("file:")).resolve()
 
 

@@ -27,7 +27,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from dstream.checkpoint import CheckpointWriteError, TornFileError, write_atomically
+from dstream.checkpoint import CheckpointWriteError, TornFileError, local_path, write_atomically
 
 MAGIC = b"dstream-part\x01"
 _TRAILER = struct.Struct(">IIIQ")  # index, partitions, crc32 of the chunks, records
@@ -39,7 +39,7 @@ _PART_NOT_WRITTEN = re.compile(
 
 
 def part_path(directory: str | Path, index: int) -> Path:
-    return Path(str(directory).removeprefix("file:")) / f"part-{index:05d}"
+    return local_path(str(directory)) / f"part-{index:05d}"
 
 
 def is_durable(directory: str) -> bool:

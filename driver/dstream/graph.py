@@ -106,7 +106,7 @@ class DStreamGraph:
         self.checkpoint_path: Path | None = None
         self._deadletter_fallback: Path | None = None
         self._marked: dict[int, tuple[DStream, RDD, int]] = {}
-        self._durable: dict[int, tuple[DStream, RDD, int, str]] = {}
+        self._durable: dict[int, tuple[DStream, RDD, int, durable.PartWriter]] = {}
         self.in_force: dict[int, list[tuple[int, str]]] = {}
         self.coalesced: set[int] = set()  # batch times merged into a later batch (scheduler.py)
         self._lock = threading.Lock()
@@ -215,16 +215,16 @@ class DStreamGraph:
         writer = durable.PartWriter(directory, rdd.getNumPartitions())
         written = rdd.mapPartitionsWithIndex(writer, preservesPartitioning=True)
         with self._lock:
-            self._durable[id(written)] = (stream, written, time_ms, directory)
+            self._durable[id(written)] = (stream, written, time_ms, writer)
         return written
 
     def write_missing_parts(self) -> None:
         """Run a job for the durable partitions the batch's outputs did not compute (an
         output that took a few records), as Spark's checkpoint runs its own job."""
         with self._lock:
-            pending = [(rdd, directory) for _s, rdd, _t, directory in self._durable.values()]
-        for rdd, directory in pending:
-            missing = durable.missing_parts(directory, rdd.getNumPartitions())
+            pending = [(rdd, writer) for _s, rdd, _t, writer in self._durable.values()]
+        for rdd, writer in pending:
+            missing = durable.missing_parts(writer.directory, writer.partitions)
             if missing:
                 rdd.context.runJob(rdd, _drain, missing)
 
@@ -242,12 +242,12 @@ class DStreamGraph:
         """State checkpoints written since the last call: {stream index: {time, path}}."""
         done: dict[str, dict[str, Any]] = {}
         with self._lock:
-            for key, (stream, rdd, time_ms, directory) in list(self._durable.items()):
-                if durable.missing_parts(directory, rdd.getNumPartitions()):
+            for key, (stream, _rdd, time_ms, writer) in list(self._durable.items()):
+                if durable.missing_parts(writer.directory, writer.partitions):
                     continue
                 del self._durable[key]
-                done[str(stream._index)] = {"time": time_ms, "path": directory}
-                self.keep_checkpoint(stream._index, time_ms, directory)
+                done[str(stream._index)] = {"time": time_ms, "path": writer.directory}
+                self.keep_checkpoint(stream._index, time_ms, writer.directory)
             for key, (stream, rdd, time_ms) in list(self._marked.items()):
                 if not rdd.isCheckpointed():
                     continue
