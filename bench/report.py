@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bench.ceiling import GOALS
 from bench.recovery import FAULTS
 from bench.reference import GREP_PATTERN, WINDOW_BATCHES
 from bench.systems import SYSTEMS, WORKLOADS
@@ -22,8 +23,9 @@ def _ms(value: float | None) -> str:
 def throughput_table(table: dict[str, Any]) -> list[str]:
     lines = [
         "| workload | system / variant | result | max rate (records/s) | processing p50 / p90 "
-        "| latency p50 / p99 | batches | 1-min load | others' CPU (max trial mean) | run |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| latency p50 / p99 | batches | ceiling during the search | of ceiling | 1-min load "
+        "| others' CPU (max trial mean) | run |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for workload in WORKLOADS:
         for name, row in table.get(workload, {}).items():
@@ -41,8 +43,44 @@ def throughput_table(table: dict[str, Any]) -> list[str]:
             else:
                 figures = "none | | |"
             lines.append(
-                f"| {workload} | {name} | {status} | {figures} | {loads} | "
+                f"| {workload} | {name} | {status} | {figures} | {ceiling_cells(row)} | {loads} | "
                 f"{row.get('others_cores_max_mean', '')} | {row.get('run', '')} |"
+            )
+    return lines
+
+
+def ceiling_cells(row: dict[str, Any]) -> str:
+    """The row's ceiling (median, range) and its maximum's share of it; blank for rows of runs
+    that did not measure the ceiling, and for systems not running the DStream programs."""
+    ceiling = row.get("ceiling")
+    if ceiling is None:
+        return " | "
+    low, high = ceiling["range"]
+    share = f"{row['rate'] / ceiling['median']:.0%}" if row["rate"] is not None else ""
+    return f"{ceiling['median']:,} ({low:,} to {high:,}) | {share}"
+
+
+def goals_table(table: dict[str, Any]) -> list[str]:
+    """Issue 17's goals against one table: dstream's maximum over pyspark.streaming's, and the
+    rate the goal asks of dstream against the ceiling measured while they were searched."""
+    lines = [
+        "| workload | variant | dstream | pyspark.streaming | dstream / pyspark.streaming "
+        "| goal | goal rate | goal rate / ceiling |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for workload in WORKLOADS:
+        rows = table.get(workload, {})
+        for variant in ("tutorial", "tuned"):
+            ours, peer = rows.get(f"dstream/{variant}"), rows.get(f"pyspark.streaming/{variant}")
+            if not (ours and peer and ours["rate"] and peer["rate"]):
+                continue
+            goal_rate = GOALS[workload] * peer["rate"]
+            ceiling = ours.get("ceiling")
+            share = f"{goal_rate / ceiling['median']:.2f}" if ceiling else "not measured"
+            lines.append(
+                f"| {workload} | {variant} | {ours['rate']:,} | {peer['rate']:,} | "
+                f"{ours['rate'] / peer['rate']:.2f}x | {GOALS[workload]}x | {goal_rate:,.0f} | "
+                f"{share} |"
             )
     return lines
 
@@ -140,6 +178,13 @@ def write_report(
     ]
     for daemon, table in tables.items():
         text += [f"## Throughput, every system on `{daemon}`", "", *throughput_table(table), ""]
+        text += [
+            "Issue 17's goals on this table (a goal rate above the ceiling is beyond any engine "
+            "running these programs on these cores):",
+            "",
+            *goals_table(table),
+            "",
+        ]
     daemon = recovery.get("daemon")
     text += [
         "## Recovery (WordCount" + (f", `{daemon}`, run {recovery.get('run')})" if daemon else ")"),

@@ -33,6 +33,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.ceiling import ENGINES, ceiling_rate
 from bench.machine import (
     LoadMonitor,
     busy_reason,
@@ -50,6 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 LOGS = ROOT / "bench" / "logs"
 START_RATES = {"grep": 200_000, "wordcount": 50_000, "topk": 50_000}
+CORES = 2  # the workers' local[2]
+CEILING_LINES, CEILING_ROUNDS = 200_000, 2
 
 
 @dataclass(frozen=True)
@@ -180,19 +183,30 @@ def search_workload(
     plan: Plan,
     gate: Gate,
 ) -> dict[tuple[str, str], dict[str, Any]]:
-    """All pairs' searches for one workload, interleaved; per pair its result and trials."""
+    """All pairs' searches for one workload, interleaved; per pair its result and trials.
+
+    Before each round of trials the ceiling of each DStream program (`bench.ceiling`) is
+    measured in this process while the workers idle, so every maximum can be set against what
+    the machine allowed while it was searched: the ceiling has varied by a quarter between
+    hours on the same machine."""
     searches = {
         pair: RateSearch(START_RATES[workload], plan.max_trials, plan.tolerance, plan.confirm)
         for pair in pairs
     }
     events: dict[tuple[str, str], list[dict[str, Any]]] = {pair: [] for pair in pairs}
+    ceilings: dict[str, list[float]] = {v: [] for system, v in pairs if system in ENGINES}
     order = list(pairs)
     while any(s.result is None for s in searches.values()):
+        planned = {pair: searches[pair].next_trial() for pair in order}
+        if any(planned.values()):
+            for variant, samples in ceilings.items():
+                samples.append(
+                    ceiling_rate(workload, variant, CORES, CEILING_LINES, CEILING_ROUNDS)
+                )
         for pair in order:
-            planned = searches[pair].next_trial()
-            if planned is None:
+            if planned[pair] is None:
                 continue
-            rate, confirmation = planned
+            rate, confirmation = planned[pair]
             command = {
                 "workload": workload,
                 "variant": pair[1],
@@ -207,13 +221,31 @@ def search_workload(
             events[pair].append(event)
             searches[pair].record(rate, confirmation, Verdict(**event["verdict"]))
         order.reverse()
-    return {pair: summarize_search(searches[pair], events[pair]) for pair in pairs}
+    return {
+        pair: summarize_search(
+            searches[pair], events[pair], ceilings[pair[1]] if pair[0] in ENGINES else []
+        )
+        for pair in pairs
+    }
 
 
-def summarize_search(search: RateSearch, events: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize_ceiling(samples: list[float]) -> dict[str, Any]:
+    """The ceilings measured during a search: their median and range, in lines per second."""
+    return {
+        "median": round(percentile(samples, 0.5)),
+        "range": [round(min(samples)), round(max(samples))],
+        "samples": len(samples),
+    }
+
+
+def summarize_search(
+    search: RateSearch, events: list[dict[str, Any]], ceilings: list[float]
+) -> dict[str, Any]:
     """The row of a table: status, and figures only from the trial that established the rate."""
     assert search.result is not None
     row: dict[str, Any] = {"status": search.result.status, "rate": search.result.rate}
+    if ceilings:
+        row["ceiling"] = summarize_ceiling(ceilings)
     loads = [e["load"] for e in events if e.get("load")]
     if loads:
         row["load1"] = [min(x["load1_min"] for x in loads), max(x["load1_max"] for x in loads)]

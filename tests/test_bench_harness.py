@@ -446,3 +446,70 @@ def test_ceiling_reads_only_confirmed_maxima(tmp_path):
         ("wordcount", "pyspark.streaming", "tutorial"): None,
     }
     assert measured_maxima(path, "pyspark.daemon") == {}
+
+
+class _FakeWorker:
+    """A system of `capacity` records/s (`_verdict`), answering trial commands at once."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+
+    def trial(self, command: dict) -> dict:
+        verdict = _verdict(command["rate"], self.capacity)
+        batch = {"processing_ms": verdict.processing_p50_ms, "time_ms": 0, "end_ms": 500}
+        return command | {
+            "verdict": vars(verdict),
+            "batches": [batch] * command["measured"],
+            "checked_batches": command["samples"],
+            "seconds": 0.0,
+        }
+
+
+def test_a_search_sets_each_dstream_program_against_the_ceiling_measured_between_its_rounds():
+    """Ceilings are measured before every round of the interleaved searches, so each DStream
+    engine's row carries the ceiling of its variant's program while it was searched; Structured
+    Streaming runs other programs and gets none."""
+    from bench.run import PLANS, Gate, search_workload
+
+    pairs = [("dstream", "tuned"), ("pyspark.streaming", "tuned"), ("structured", "plain")]
+    workers = {"dstream": _FakeWorker(400_000), "pyspark.streaming": _FakeWorker(200_000)}
+    workers["structured"] = _FakeWorker(1_000_000)
+    plan = PLANS["quick"]
+    rows = search_workload(workers, pairs, "grep", plan, Gate(0.25, 10, 0, allow_load=True))
+    ours, peer = rows["dstream", "tuned"], rows["pyspark.streaming", "tuned"]
+    rounds = max(len(row["trials"]) for row in rows.values())
+    assert ours["ceiling"]["samples"] == rounds
+    low, high = ours["ceiling"]["range"]
+    assert 0 < low <= ours["ceiling"]["median"] <= high
+    assert peer["ceiling"] == ours["ceiling"]  # the same measurements
+    assert "ceiling" not in rows["structured", "plain"]
+    assert ours["rate"] > peer["rate"]
+
+
+def test_report_sets_maxima_against_the_ceiling_and_the_issue_goals(tmp_path):
+    from bench.report import write_report
+    from bench.run import PLANS, Gate
+
+    ceiling = {"median": 900_000, "range": [850_000, 950_000], "samples": 7}
+    rows = {
+        "dstream/tuned": {"status": "confirmed", "rate": 720_000, "ceiling": ceiling},
+        "pyspark.streaming/tuned": {"status": "confirmed", "rate": 480_000, "ceiling": ceiling},
+        "dstream/tutorial": {"status": "confirmed", "rate": 400_000},
+        "pyspark.streaming/tutorial": {"status": "no passing rate", "rate": None},
+    }
+    path = write_report(
+        tmp_path,
+        "today",
+        MACHINE,
+        [RUN],
+        {"dstream.pydaemon": {"topk": rows}},
+        {},
+        Gate(0.25, 10, 2, False),
+        PLANS["full"],
+        [],
+    )
+    text = path.read_text()
+    assert "| 900,000 (850,000 to 950,000) | 80% |" in text.split("dstream/tuned")[1]
+    # 2 x 480,000 = 960,000, above the ceiling; the tutorial pair has no peer figure.
+    assert "| topk | tuned | 720,000 | 480,000 | 1.50x | 2.0x | 960,000 | 1.07 |" in text
+    assert "| topk | tutorial |" not in text
