@@ -303,7 +303,8 @@ def _crc_coverage(sums: Path) -> tuple[int, int] | None:
 
 
 def local_path(uri: str) -> Path:
-    """A local checkpoint path from what Spark reports for it (`file:/...`) or a plain path."""
+    """A local path (a checkpoint's, an output's) from a `file:` URI, as Spark gives them, or a plain
+    path."""
     return Path(uri.removeprefix("file:")).resolve()
 
 

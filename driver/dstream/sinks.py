@@ -18,6 +18,7 @@ from pathlib import Path
 from py4j.protocol import Py4JJavaError
 from pyspark import RDD
 
+from dstream.checkpoint import local_path
 from dstream.timeutil import time_to_ms
 
 
@@ -44,13 +45,9 @@ def replace_directory(tmp: Path, final: Path) -> None:
         os.replace(tmp, final)
 
 
-def _local(path: str) -> Path:
-    return Path(path.removeprefix("file:"))
-
-
 def save_text_atomically(rdd: RDD, path: str) -> None:
     """rdd.saveAsTextFile into a hidden sibling, then rename over `path` (with `_SUCCESS`)."""
-    final = _local(path)
+    final = local_path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_earlier_attempts(final)
     tmp = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}")
