@@ -303,7 +303,7 @@ def _crc_coverage(sums: Path) -> tuple[int, int] | None:
 
 
 def local_path(uri: str) -> Path:
-    """A local path (a checkpoint's, an output's) from a `file:` URI, as Spark gives them, or a plain
+    """A local path (a checkpoint's, an output's) from the `file:` URI Spark gives, or a plain
     path."""
     return Path(uri.removeprefix("file:")).resolve()
 
