@@ -78,21 +78,7 @@ class PartWriter:
 
 def read_part(directory: str, index: int, partitions: int) -> list[Any]:
     """A part's records; TornFileError unless it is whole and belongs where it is found."""
-    path = part_path(directory, index)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise TornFileError(f"{path}: missing") from None
-    if len(data) < len(MAGIC) + _TRAILER.size or not data.startswith(MAGIC):
-        raise TornFileError(f"{path}: not a whole part ({len(data)} bytes)")
-    body = data[len(MAGIC) : -_TRAILER.size]
-    found_index, found_partitions, crc, count = _TRAILER.unpack(data[-_TRAILER.size :])
-    if zlib.crc32(body) != crc:
-        raise TornFileError(f"{path}: checksum mismatch")
-    if (found_index, found_partitions) != (index, partitions):
-        raise TornFileError(
-            f"{path}: part {found_index} of {found_partitions}, expected {index} of {partitions}"
-        )
+    path, body, count = _whole_part(directory, index, partitions)
     records: list[Any] = []
     at = 0
     while at < len(body):
@@ -105,19 +91,44 @@ def read_part(directory: str, index: int, partitions: int) -> list[Any]:
 
 
 def check_parts(directory: str) -> int:
-    """The partition count of a durable batch whose every part is whole; TornFileError else."""
-    first = part_path(directory, 0)
-    try:
-        with open(first, "rb") as part:
-            part.seek(-_TRAILER.size, 2)
-            partitions = _TRAILER.unpack(part.read())[1]
-    except (OSError, struct.error) as error:
-        raise TornFileError(f"{first}: unreadable ({error})") from None
-    if partitions < 1:
-        raise TornFileError(f"{first}: not a whole part (its trailer says 0 partitions)")
-    for index in range(partitions):
-        read_part(directory, index, partitions)
+    """The partition count of a durable batch whose every part is whole; TornFileError else.
+    Checksums only: the records are unpickled by the tasks that read them back."""
+    path, _body, (index, partitions, _count) = _checked_part(directory, 0)
+    if index != 0 or partitions < 1:
+        raise TornFileError(f"{path}: part {index} of {partitions}, expected part 0 of 1 or more")
+    for index in range(1, partitions):
+        _whole_part(directory, index, partitions)
     return partitions
+
+
+def _whole_part(directory: str, index: int, partitions: int) -> tuple[Path, bytes, int]:
+    """A part's path, chunks and record count, once it is known to be part `index` of
+    `partitions`."""
+    path, body, (found_index, found_partitions, count) = _checked_part(directory, index)
+    if (found_index, found_partitions) != (index, partitions):
+        raise TornFileError(
+            f"{path}: part {found_index} of {found_partitions}, expected {index} of {partitions}"
+        )
+    return path, body, count
+
+
+def _checked_part(directory: str, index: int) -> tuple[Path, bytes, tuple[int, int, int]]:
+    """A part file's chunks and its trailer's index, partitions and count, once its checksum
+    matches."""
+    path = part_path(directory, index)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise TornFileError(f"{path}: missing") from None
+    except OSError as error:
+        raise TornFileError(f"{path}: unreadable ({error})") from None
+    if len(data) < len(MAGIC) + _TRAILER.size or not data.startswith(MAGIC):
+        raise TornFileError(f"{path}: not a whole part ({len(data)} bytes)")
+    body = data[len(MAGIC) : -_TRAILER.size]
+    found_index, found_partitions, crc, count = _TRAILER.unpack(data[-_TRAILER.size :])
+    if zlib.crc32(body) != crc:
+        raise TornFileError(f"{path}: checksum mismatch")
+    return path, body, (found_index, found_partitions, count)
 
 
 def missing_parts(directory: str, partitions: int) -> list[int]:
