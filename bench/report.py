@@ -175,6 +175,10 @@ def write_report(
         f"{plan.confirm_warmup} + {plan.confirm_measured} batches (the {WINDOW_BATCHES} s window "
         f"full for {plan.confirm_warmup + plan.confirm_measured - WINDOW_BATCHES + 1} of them); "
         f"{plan.samples} batches' outputs checked per trial",
+        "- ceiling (since run 11): what the DStream program's own functions, with the lines "
+        "made, allow on two cores (`bench.ceiling`), measured before each round of the "
+        "workload's trials; median and range over the search, and the maximum's share of the "
+        "median",
         "",
         f"Grep counts the lines containing `{GREP_PATTERN}` per batch; WordCount counts words over "
         f"a {WINDOW_BATCHES} s window sliding every 1 s; TopK gives its 10 most frequent words. "

@@ -93,9 +93,9 @@ def read_part(directory: str, index: int, partitions: int) -> list[Any]:
 def check_parts(directory: str) -> int:
     """The partition count of a durable batch whose every part is whole; TornFileError else.
     Checksums only: the records are unpickled by the tasks that read them back."""
-    path, _body, (index, partitions, _count) = _checked_part(directory, 0)
-    if index != 0 or partitions < 1:
-        raise TornFileError(f"{path}: part {index} of {partitions}, expected part 0 of 1 or more")
+    path, _body, (first, partitions, _count) = _checked_part(directory, 0)
+    if first != 0 or partitions < 1:
+        raise TornFileError(f"{path}: part {first} of {partitions}, expected part 0 of 1 or more")
     for index in range(1, partitions):
         _whole_part(directory, index, partitions)
     return partitions
