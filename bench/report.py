@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.ceiling import GOALS
+from bench.programs import VARIANTS
 from bench.recovery import FAULTS
 from bench.reference import GREP_PATTERN, WINDOW_BATCHES
 from bench.systems import SYSTEMS, WORKLOADS
@@ -70,7 +71,7 @@ def goals_table(table: dict[str, Any]) -> list[str]:
     ]
     for workload in WORKLOADS:
         rows = table.get(workload, {})
-        for variant in ("tutorial", "tuned"):
+        for variant in VARIANTS:
             ours, peer = rows.get(f"dstream/{variant}"), rows.get(f"pyspark.streaming/{variant}")
             if not (ours and peer and ours["rate"]):
                 continue

@@ -272,27 +272,23 @@ RUN = {
 }
 
 
-def test_report_prints_no_figure_without_a_confirmation(tmp_path):
+def one_table_report(directory, workload: str, rows: dict) -> str:
+    """The report of a single run whose dstream.pydaemon table holds `rows` for `workload`."""
     from bench.report import write_report
     from bench.run import PLANS, Gate
 
+    tables = {"dstream.pydaemon": {workload: rows}}
+    gate, plan = Gate(0.25, 10, 2, False), PLANS["full"]
+    return write_report(directory, "today", MACHINE, [RUN], tables, {}, gate, plan, []).read_text()
+
+
+def test_report_prints_no_figure_without_a_confirmation(tmp_path):
     rows = {
         "dstream/tuned": {"status": "confirmed", "rate": 123_000, "processing_p50_ms": 600},
         "pyspark.streaming/tuned": {"status": "no passing rate", "rate": None},
         "structured/plain": {"status": "wrong output", "rate": None, "reason": "batch 7"},
     }
-    path = write_report(
-        tmp_path,
-        "today",
-        MACHINE,
-        [RUN],
-        {"dstream.pydaemon": {"wordcount": rows}},
-        {},
-        Gate(0.25, 10, 2, False),
-        PLANS["full"],
-        [],
-    )
-    text = path.read_text()
+    text = one_table_report(tmp_path, "wordcount", rows)
     assert "| wordcount | dstream/tuned | confirmed | 123,000 |" in text
     assert "1. started 2026-11-24T10:00, commit abc1234: `python -m bench`" in text
     assert "| wordcount | pyspark.streaming/tuned | no passing rate | none |" in text
@@ -487,9 +483,6 @@ def test_a_search_sets_each_dstream_program_against_the_ceiling_measured_between
 
 
 def test_report_sets_maxima_against_the_ceiling_and_the_issue_goals(tmp_path):
-    from bench.report import write_report
-    from bench.run import PLANS, Gate
-
     ceiling = {"median": 900_000, "range": [850_000, 950_000], "samples": 7}
     rows = {
         "dstream/tuned": {"status": "confirmed", "rate": 720_000, "ceiling": ceiling},
@@ -497,18 +490,7 @@ def test_report_sets_maxima_against_the_ceiling_and_the_issue_goals(tmp_path):
         "dstream/tutorial": {"status": "confirmed", "rate": 400_000},
         "pyspark.streaming/tutorial": {"status": "no passing rate", "rate": None},
     }
-    path = write_report(
-        tmp_path,
-        "today",
-        MACHINE,
-        [RUN],
-        {"dstream.pydaemon": {"topk": rows}},
-        {},
-        Gate(0.25, 10, 2, False),
-        PLANS["full"],
-        [],
-    )
-    text = path.read_text()
+    text = one_table_report(tmp_path, "topk", rows)
     assert "| 900,000 (850,000 to 950,000) | 80% |" in text.split("dstream/tuned")[1]
     # 2 x 480,000 = 960,000, above the ceiling; the tutorial pair has no peer figure to double.
     assert "| topk | tuned | 720,000 | 480,000 | 1.50x | 2.0x | 960,000 | 1.07 |" in text
