@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from dstream import StreamingContext
 from dstream.clock import ManualClock
+from dstream.failure import BatchFailedError
 
 BATCH_TIMEOUT_S = 120
 
@@ -54,3 +56,17 @@ def run_op(
     first = ssc.queueStream(inputs)
     stream = op(first, ssc.queueStream(inputs2)) if inputs2 is not None else op(first)
     return collect(stream, batches or len(inputs), sort)
+
+
+def final_failure(ssc: StreamingContext, timeout_s: float = 60) -> BatchFailedError:
+    """The BatchFailedError that ended the run. awaitTermination raises each failed attempt
+    first (the run outlives those); they are passed over here."""
+    deadline = time.monotonic() + timeout_s
+    while (remaining := deadline - time.monotonic()) > 0:
+        try:
+            ssc.awaitTerminationOrTimeout(remaining)
+        except BatchFailedError as failed:
+            return failed
+        except Exception:
+            continue
+    raise AssertionError(f"no BatchFailedError within {timeout_s} s")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import operator
 import sys
 import warnings
 from pathlib import Path
@@ -211,3 +212,54 @@ def test_the_metadata_holds_the_graph_and_the_spark_settings(sc, tmp_path):
     assert metadata["version"] == METADATA_VERSION
     assert base64.b64decode(metadata["pickledGraph"])
     assert ["spark.master", "local[2]"] in metadata["sparkConf"]
+
+
+def metadata_bytes(checkpoint: str) -> int:
+    return len(CheckpointDir(checkpoint).read_metadata()["pickledGraph"])
+
+
+def test_a_checkpoint_keeps_no_queued_rdd_and_refuses_to_restore_a_queue(sc, tmp_path):
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def setup() -> StreamingContext:
+        ssc = StreamingContext(sc, 1)
+        queued = [sc.range(i * 200_000, (i + 1) * 200_000) for i in range(3)]
+        ssc.queueStream(queued).count().foreachRDD(lambda rdd: None)
+        return ssc
+
+    ssc = StreamingContext.getOrCreate(checkpoint, setup)
+    ssc._clock = ManualClock(0)
+    ssc.start()
+    ssc.stop(stopSparkContext=False)
+    assert metadata_bytes(checkpoint) < 20_000  # 600,000 numbers by value would be megabytes
+    with pytest.raises(CheckpointMismatchError, match=r"queueStream.*rebuild=True"):
+        StreamingContext.getOrCreate(checkpoint, setup)
+
+
+def test_an_initial_rdd_is_written_by_the_executors_and_a_torn_one_is_named(sc, tmp_path):
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def setup() -> StreamingContext:
+        ssc = StreamingContext(sc, 1)
+        initial = sc.range(300_000).map(lambda i: (i % 3, 1))
+        ssc.rateStream(5, 1).map(lambda line: (0, 0)).updateStateByKey(
+            add, initialRDD=initial
+        ).foreachRDD(lambda rdd: None)
+        return ssc
+
+    ssc = StreamingContext.getOrCreate(checkpoint, setup)
+    ssc._clock = ManualClock(0)
+    ssc.start()
+    ssc.stop(stopSparkContext=False)
+    assert metadata_bytes(checkpoint) < 20_000
+    [stored] = (Path(checkpoint) / "rdds").iterdir()
+    assert (stored / "_SUCCESS").exists()
+    restored = StreamingContext.getOrCreate(checkpoint, setup)
+    [state] = [s for s in restored._graph.streams if type(s).__name__ == "StateDStream"]
+    assert sorted(state._initial.reduceByKey(operator.add).collect()) == [
+        (k, 100_000) for k in range(3)
+    ]
+
+    (stored / "_SUCCESS").unlink()
+    with pytest.raises(CheckpointUnrecoverableError, match=rf"{stored}.*not completely written"):
+        StreamingContext.getOrCreate(checkpoint, setup)

@@ -5,7 +5,11 @@ named tests exist; and the differences the table claims that no other test shows
 from __future__ import annotations
 
 import inspect
+import json
+import os
 import re
+import subprocess
+import sys
 import warnings
 from datetime import datetime
 from pathlib import Path
@@ -13,8 +17,8 @@ from typing import Any
 
 import dstream
 import pytest
-from dstream.failure import BatchFailedError, FailurePolicy
-from streams import manual_context, run_batches
+from dstream.failure import FailurePolicy
+from streams import final_failure, manual_context, run_batches
 
 ROOT = Path(__file__).parent.parent
 CLASSES = ("StreamingContext", "DStream", "StreamingListener")
@@ -112,21 +116,42 @@ def test_listeners_get_python_batch_info_and_batch_events_only(sc):
 
 
 def test_a_failed_batch_raises_its_own_exception(sc):
-    """After its retries (failurePolicy) the batch's own exception is the cause of the
-    BatchFailedError; with onExhausted: skip, as in pyspark.streaming, later batches run on and
-    the exception itself is raised."""
+    """Each failed attempt reaches awaitTermination at once with the batch's own exception;
+    when the retries (failurePolicy) are spent, a BatchFailedError whose cause it is. With
+    onExhausted: skip, as in pyspark.streaming, later batches run on after the raise."""
 
     def store_down(rdd: Any) -> None:
         raise OSError("the store is down")
 
-    for policy in (FailurePolicy(retries=1, backoff_s=0.05), FailurePolicy(0, 1.0, "skip")):
+    for policy in (FailurePolicy(retries=1, backoff_s=2.0), FailurePolicy(0, 1.0, "skip")):
         ssc = manual_context(sc)
         ssc.queueStream([[1]]).foreachRDD(store_down)
         ssc.start()
         ssc._scheduler.failure_policy = policy
         ssc._clock.advance(1000)
-        with pytest.raises((BatchFailedError, OSError)) as raised:
+        with pytest.raises(OSError, match="the store is down"):
             ssc.awaitTermination(120)
+        if not policy.skips:
+            own = final_failure(ssc, 120).__cause__
+            assert isinstance(own, OSError) and str(own) == "the store is down"
         ssc.stop(stopSparkContext=False)
-        own = raised.value if policy.skips else raised.value.__cause__
-        assert isinstance(own, OSError) and str(own) == "the store is down"
+
+
+@pytest.mark.slow
+def test_failed_batches_surface_as_in_pyspark_streaming():
+    """tests/programs/failing_batches.py: Spark's own test_dstream.py cases of failing
+    functions, in a process of their own (the last needs a SparkConf of its own)."""
+    program = ROOT / "tests" / "programs" / "failing_batches.py"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, str(program)],
+        env={**env, "SPARK_LOCAL_IP": "127.0.0.1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    for scenario in ("map", "transformWith", "skippedRaised"):
+        assert "This is a special error" in seen[scenario], scenario
+    assert seen["skipped"] == [[0], [2], [3]]

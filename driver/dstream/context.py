@@ -32,6 +32,7 @@ from dstream.failure import FailurePolicy
 from dstream.graph import DStreamGraph
 from dstream.rate import PIDRateEstimator, RateController
 from dstream.scheduler import BatchScheduler
+from dstream.shipping import ship_to_workers
 from dstream.sources import QueueInputDStream
 from dstream.timeutil import duration_to_ms
 
@@ -67,6 +68,7 @@ class StreamingContext:
         clock: SystemClock | ManualClock | None = None,
     ):
         self._sc = sparkContext
+        ship_to_workers(sparkContext)
         self._batch_ms = duration_to_ms(batchDuration)
         self._graph = DStreamGraph(self._batch_ms)
         self._clock = clock or SystemClock()
@@ -292,8 +294,9 @@ class StreamingContext:
         StreamingContext._activeContext = self
 
     def _report_error(self, error: BaseException) -> None:
-        """A failed batch: kept for awaitTermination* to raise. After a skipped batch later
-        batches still run; after a BatchFailedError (failure.py) none does."""
+        """A failed attempt of a batch, kept for awaitTermination* to raise (the newest one,
+        if several came between two calls). The run goes on: the scheduler retries the batch
+        or, skipping it, runs later batches; after a BatchFailedError (failure.py) none runs."""
         self._error = error
         self._terminated.set()
 
@@ -323,6 +326,7 @@ class StreamingContext:
             return
         if self._scheduler is not None:
             self._scheduler.stop()
+        self._graph.finish_rdd_writes()
         self._state = "stopped"
         if StreamingContext._activeContext is self:
             StreamingContext._activeContext = None

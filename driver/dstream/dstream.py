@@ -73,6 +73,7 @@ class DStream:
     # Set by a reduced window over this stream (windows.py): when > 0 and the job has a
     # checkpoint path, every RDD is written to reliable storage and the newest this many stay.
     _durable_batches = 0
+    _UNPICKLED: tuple[str, ...] = _DRIVER_HANDLES
 
     def __init__(self, ssc: StreamingContext, parents: list[DStream], slide_ms: int | None = None):
         self._ssc = ssc
@@ -96,8 +97,10 @@ class DStream:
     def __getstate__(self) -> dict[str, Any]:
         """What the checkpoint keeps of this stream, pickled with the graph as pyspark.streaming
         pickles its functions: no SparkContext, RDD cache or lock (_attach re-creates them);
-        RDDs the stream holds (an initialRDD, a queue) are kept by value."""
-        return {k: detached(v) for k, v in self.__dict__.items() if k not in _DRIVER_HANDLES}
+        an RDD the stream holds (an initialRDD) is written into the checkpoint by the
+        executors (DStreamGraph.store_rdd)."""
+        store = self._ssc._graph.store_rdd
+        return {k: detached(v, store) for k, v in self.__dict__.items() if k not in self._UNPICKLED}
 
     def _attach(self, ssc: StreamingContext) -> None:
         """Bind a stream restored from a checkpoint to this run's contexts."""

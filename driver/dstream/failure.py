@@ -17,7 +17,9 @@ ON_EXHAUSTED = ("stop", "skip")
 
 
 class BatchFailedError(RuntimeError):
-    """A batch's output failed after every retry; the driver stops without committing it."""
+    """A batch failed for good (its output after every retry, or its planning); the run stops
+    without committing it. Its `__cause__` is the batch's own error. Any other error that
+    awaitTermination raises is one failed attempt, and the run goes on."""
 
 
 @dataclass(frozen=True)

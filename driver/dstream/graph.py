@@ -11,8 +11,11 @@ is left out and re-created when the restored graph is attached to the new run's 
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import threading
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +26,7 @@ from pyspark.accumulators import AccumulatorParam
 from pyspark.serializers import CloudPickleSerializer
 
 from dstream import durable
+from dstream.checkpoint import CheckpointUnrecoverableError
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
     from dstream.sources import InputDStream
 
 _PICKLER = CloudPickleSerializer()
+log = logging.getLogger(__name__)
 
 
 class GraphNotSerializableError(Py4JJavaError):
@@ -55,9 +60,10 @@ class GraphNotSerializableError(Py4JJavaError):
 
 @dataclass
 class StoredRDD:
-    """An RDD a stream holds (initialRDD, a queue's RDDs), kept in the checkpoint by value."""
+    """An RDD a stream holds (an initialRDD), kept in the checkpoint as pickle files that the
+    executors write (`RDD.saveAsPickleFile`): its records never pass through the driver."""
 
-    records: list[Any]
+    path: str
     partitions: int
 
 
@@ -69,23 +75,38 @@ class FreshAccumulator:
     param: AccumulatorParam
 
 
-def detached(value: Any) -> Any:
-    """`value` as a stream's attribute is pickled: RDDs by value, accumulators as fresh ones."""
+# The attribute by which an RDD remembers where the checkpoint keeps it (one write per RDD).
+_STORED_AS = "_dstream_stored_as"
+
+
+def detached(value: Any, store: Callable[[RDD], StoredRDD]) -> Any:
+    """`value` as a stream's attribute is pickled: RDDs as what `store` made of them,
+    accumulators as fresh ones."""
     if isinstance(value, RDD):
-        return StoredRDD(value.collect(), value.getNumPartitions())
+        return getattr(value, _STORED_AS, None) or store(value)
     if isinstance(value, Accumulator):
         return FreshAccumulator(value.accum_param.zero(value.value), value.accum_param)
     if isinstance(value, list):
-        return [detached(v) for v in value]
+        return [detached(v, store) for v in value]
     if isinstance(value, dict):
-        return {k: detached(v) for k, v in value.items()}
+        return {k: detached(v, store) for k, v in value.items()}
     return value
 
 
 def attached(value: Any, sc: SparkContext) -> Any:
-    """The inverse of detached, in the restored run's SparkContext."""
+    """The inverse of detached, in the restored run's SparkContext. An RDD whose files the
+    previous run did not finish writing (it died within seconds of its first start) is
+    refused by name: without it the stream's state would silently start from nothing."""
     if isinstance(value, StoredRDD):
-        return sc.parallelize(value.records, value.partitions)
+        if not (Path(value.path) / "_SUCCESS").exists():
+            raise CheckpointUnrecoverableError(
+                f"{value.path}: an RDD the program's streams hold (an initialRDD) was not "
+                "completely written to the checkpoint before the previous run ended; start "
+                "fresh (getOrCreate(..., fresh=True), dstream run --fresh)"
+            )
+        rdd = sc.pickleFile(value.path, value.partitions)
+        setattr(rdd, _STORED_AS, value)
+        return rdd
     if isinstance(value, FreshAccumulator):
         return sc.accumulator(value.zero, value.param)
     if isinstance(value, list):
@@ -110,6 +131,7 @@ class DStreamGraph:
         self.in_force: dict[int, list[tuple[int, str]]] = {}
         self.coalesced: set[int] = set()  # batch times merged into a later batch (scheduler.py)
         self._lock = threading.Lock()
+        self._rdd_writes: list[threading.Thread] = []
 
     # -- pickling into the checkpoint -----------------------------------------------------
 
@@ -128,6 +150,27 @@ class DStreamGraph:
             return _PICKLER.dumps((self, extra))
         except Exception as error:
             raise GraphNotSerializableError(self._unpicklable(error), sc) from error
+
+    def store_rdd(self, rdd: RDD) -> StoredRDD:
+        """Where the checkpoint keeps an RDD a stream holds. Its executors write it in a Spark
+        job of its own, started here and awaited by `finish_rdd_writes`, so start() pickles
+        the graph without waiting for the records or collecting them to the driver."""
+        assert self.checkpoint_path is not None, "RDDs are stored only into a checkpoint"
+        stored = StoredRDD(
+            str(self.checkpoint_path / "rdds" / uuid.uuid4().hex), rdd.getNumPartitions()
+        )
+        setattr(rdd, _STORED_AS, stored)
+        writer = threading.Thread(
+            target=_write_rdd, args=(rdd, stored.path), name="dstream-rdd-writer", daemon=True
+        )
+        writer.start()
+        self._rdd_writes.append(writer)
+        return stored
+
+    def finish_rdd_writes(self) -> None:
+        """Wait for the stored RDDs' writes, so a stopped run leaves a complete checkpoint."""
+        while self._rdd_writes:
+            self._rdd_writes.pop().join()
 
     def _unpicklable(self, error: Exception) -> str:
         """Which operation's function failed: streams in definition order, so the first that
@@ -291,3 +334,11 @@ def _drain(records: Any) -> list[Any]:
     for _record in records:
         pass
     return []
+
+
+def _write_rdd(rdd: RDD, path: str) -> None:
+    """An RDD's pickle files; a failure is logged, and a restore names the unfinished path."""
+    try:
+        rdd.saveAsPickleFile(path)
+    except Exception:
+        log.exception("writing an RDD a stream holds to %s failed", path)

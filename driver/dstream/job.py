@@ -157,9 +157,9 @@ class JobRuntime:
 
     def run_until_stopped(self, duration_s: float | None = None) -> None:
         """Block until a stop is requested or `duration_s` passes. A batch that failed for good
-        (BatchFailedError) stops the job and is raised, as is a SourceError (input unreachable
-        or lost): going on would quietly change the job's output. A skipped batch's error is
-        logged."""
+        (BatchFailedError) stops the job and is raised, as a SourceError when its cause is the
+        input (unreachable or lost): going on would quietly change the job's output. A failed
+        attempt of a batch that is being retried, or skipped, is logged."""
         deadline = None if duration_s is None else time.monotonic() + duration_s
         while not self.stop_requested:
             if deadline is not None and time.monotonic() >= deadline:
@@ -167,14 +167,13 @@ class JobRuntime:
             try:
                 if self.ssc.awaitTerminationOrTimeout(0.5):
                     break
-            except Exception as error:
-                cause = error.__cause__ if isinstance(error, BatchFailedError) else error
+            except BatchFailedError as error:
+                self.stop()
+                cause = error.__cause__
                 if cause is not None and is_source_error(cause):
-                    self.stop()
                     raise SourceError(source_error_text(cause)) from error
-                if isinstance(error, BatchFailedError):
-                    self.stop()
-                    raise
+                raise
+            except Exception as error:
                 log.error("batch failed: %s", error)
         self.stop()
 

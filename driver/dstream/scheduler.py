@@ -126,6 +126,16 @@ def _describe(failure: Exception) -> str:
     return f"{type(failure).__name__}: {failure}"
 
 
+def _planning_failed(time_ms: int, error: Exception) -> BatchFailedError:
+    """A batch whose input could not be sized: the run ends there, as after spent retries."""
+    failed = BatchFailedError(
+        f"batch {datetime_of(time_ms)} ({time_ms}) could not be planned and the run stopped: "
+        f"{_describe(error)}"
+    )
+    failed.__cause__ = error
+    return failed
+
+
 class BatchEvent:
     """What listeners receive, shaped like pyspark.streaming's listener events."""
 
@@ -410,7 +420,7 @@ class BatchScheduler:
                     info = self._plan(taken)
                 except Exception as error:
                     log.exception("planning batch %s failed", datetime_of(taken[-1]))
-                    self._ssc._report_error(error)
+                    self._ssc._report_error(_planning_failed(taken[-1], error))
                     return
             if not self._run(info):
                 return
@@ -488,10 +498,7 @@ class BatchScheduler:
         self._notify("onBatchCompleted", info)
         with self._completed:
             self._completed.notify_all()
-        if failure is None:
-            return True
-        if info.skipped:
-            self._ssc._report_error(failure)
+        if failure is None or info.skipped:
             return True
         self._give_up(info, failure)
         return False
@@ -522,8 +529,11 @@ class BatchScheduler:
     ) -> Exception | None:
         """Run `attempt` until it returns no failure, waiting a doubling backoff before each
         retry; the retries of a batch's steps share the policy's count. The last failure when
-        the retries are spent or a stop came first, else None."""
+        the retries are spent or a stop came first, else None. Each failed attempt reaches
+        awaitTermination at once, as pyspark.streaming reports a failed batch: programs and
+        supervisors waiting there learn of it while the retries go on."""
         while (failure := attempt()) is not None:
+            self._ssc._report_error(failure)
             spent = info.retries == self.failure_policy.retries
             if spent or not self._back_off(info, step, failure):
                 return failure

@@ -26,6 +26,10 @@ class SourceError(RuntimeError):
     change the job's output, so the job stops with this message instead."""
 
 
+class NotRestorableError(RuntimeError):
+    """A stream of a checkpointed graph that cannot be restored from the checkpoint."""
+
+
 class InputDStream(DStream):
     """A stream with no parents whose RDD for a time comes from that time's planned range."""
 
@@ -90,9 +94,14 @@ class InputDStream(DStream):
 
 
 class QueueInputDStream(InputDStream):
-    """queueStream: RDDs from a queue, one (or all) per batch. In memory, so not replayable."""
+    """queueStream: RDDs from a queue, one (or all) per batch. In memory, so not replayable.
+
+    As in Spark, a checkpoint does not keep the queue: its RDDs would have to pass through the
+    driver into the checkpoint, and could not be replayed anyway. A program reading one runs with
+    a checkpoint, but getOrCreate restores it only by running its setup again (rebuild=True)."""
 
     replayable = False
+    _UNPICKLED = (*InputDStream._UNPICKLED, "_queue", "_default", "_planned_rdds")
 
     def __init__(
         self, ssc: StreamingContext, rdds: list[RDD], one_at_a_time: bool, default: RDD | None
@@ -102,6 +111,12 @@ class QueueInputDStream(InputDStream):
         self._one_at_a_time = one_at_a_time
         self._default = default
         self._planned_rdds: dict[int, RDD] = {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        raise NotRestorableError(
+            f"{self.__class__.__name__}: a queueStream's RDDs are not kept in checkpoints (as in "
+            "Spark); rebuild the graph with setup (getOrCreate(path, setup, rebuild=True))"
+        )
 
     def _next_range(self, time_ms: int, max_records: int | None) -> Any:
         if self._one_at_a_time and self._queue:

@@ -16,7 +16,6 @@ import re
 from pathlib import Path
 
 import pytest
-from dstream.failure import BatchFailedError
 from harness import (
     Driver,
     InProcessJob,
@@ -27,6 +26,7 @@ from harness import (
     verify,
     wait_until,
 )
+from streams import final_failure
 
 RIDE_OUT = {"retries": 4, "backoffSeconds": 0.2}
 GIVE_UP = {"retries": 1, "backoffSeconds": 0.2}
@@ -100,11 +100,10 @@ def test_a_checkpoint_read_only_past_the_retries_leaves_the_batch_uncommitted_fo
         time_ms = job.advance(ssc)
         wait_until(lambda: len(durable_parts(job) - written) == per_batch, 60)
         remount(job.job.checkpoint, "ro")
-        with pytest.raises(BatchFailedError) as failed:
-            ssc.awaitTermination(60)
+        failed = final_failure(ssc)
         ssc.stop(stopSparkContext=False)
         commit = job.job.checkpoint / "log" / f"commit-{time_ms}.json"
-        assert f"cannot write checkpoint file {commit}: Read-only file system" in str(failed.value)
+        assert f"cannot write checkpoint file {commit}: Read-only file system" in str(failed)
         assert log_entries(job, time_ms) == [f"batch-{time_ms}.json"]
         assert f"batch-{time_ms}" in sink_entries(job, time_ms)
 
@@ -148,11 +147,10 @@ def test_a_full_sink_volume_fails_the_batch_uncommitted_and_a_restart_writes_it_
         job.run(ssc, 1)
         filler = fill_up(job.job.out)
         time_ms = job.advance(ssc)
-        with pytest.raises(BatchFailedError) as failed:
-            ssc.awaitTermination(60)
+        failed = final_failure(ssc)
         ssc.stop(stopSparkContext=False)
-        assert f"writing {job.job.out}/batch-{time_ms} failed: " in str(failed.value)
-        assert "No space left on device" in str(failed.value)
+        assert f"writing {job.job.out}/batch-{time_ms} failed: " in str(failed)
+        assert "No space left on device" in str(failed)
         assert log_entries(job, time_ms) == [f"batch-{time_ms}.json"]
         assert all(name.startswith(".") for name in sink_entries(job, time_ms))
 
