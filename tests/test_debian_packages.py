@@ -34,8 +34,8 @@ def test_installer_does_nothing_when_everything_is_installed():
 
 def test_installer_without_root_names_the_packages_to_install(tmp_path: Path):
     """Run as nobody (no root, no sudo) when the suite runs as root, else as the user running
-    it. The list comes in on a file descriptor: nobody may not enter pytest's temporary
-    directory."""
+    it. The installer comes in on stdin and the list on a file descriptor: nobody may not
+    enter pytest's temporary directory, nor a checkout in a private directory (/root)."""
     as_nobody = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
     packages = tmp_path / "packages"
     packages.write_text("# a comment\nprometheus\ndstream-no-such-package  # not in Debian\n")
@@ -43,8 +43,9 @@ def test_installer_without_root_names_the_packages_to_install(tmp_path: Path):
         result = subprocess.run(
             [
                 *(as_nobody if os.geteuid() == 0 else ()),
-                *("bash", str(INSTALLER), f"/dev/fd/{listing.fileno()}"),
+                *("bash", "-s", f"/dev/fd/{listing.fileno()}"),
             ],
+            input=INSTALLER.read_text(),
             pass_fds=(listing.fileno(),),
             capture_output=True,
             text=True,
