@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dstream import StreamingContext
-from dstream.clock import ManualClock
+from dstream.runtime.clock import ManualClock
 
 BATCH_TIMEOUT_S = 120
 

@@ -9,7 +9,7 @@ from datetime import datetime
 
 import pytest
 from dstream import StreamingContext
-from dstream.failure import BatchFailedError, FailurePolicy
+from dstream.runtime.failure import BatchFailedError, FailurePolicy
 from dstream.sources import split_budget
 from streams import BATCH_TIMEOUT_S, collect, manual_context, run_batches, run_op
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import dstream
 import pytest
-from dstream.failure import BatchFailedError, FailurePolicy
+from dstream.runtime.failure import BatchFailedError, FailurePolicy
 from streams import manual_context, run_batches
 
 ROOT = Path(__file__).parent.parent

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from dstream.metrics import recovery_counts
-from dstream.pools import QUERIES, use_pool
+from dstream.runtime.pools import QUERIES, use_pool
+from dstream.service.metrics import recovery_counts
 
 from dstream_api.models import (
     Batch,
@@ -27,8 +27,8 @@ from dstream_api.models import (
 
 if TYPE_CHECKING:
     from dstream.dstream import DStream
-    from dstream.job import JobRuntime
-    from dstream.scheduler import BatchInfo
+    from dstream.runtime.scheduler import BatchInfo
+    from dstream.service.job import JobRuntime
     from prometheus_client import CollectorRegistry
     from pyspark import RDD
 
@@ -265,7 +265,7 @@ class RuntimeView:
 
 def query_partitions(sc: Any) -> int:
     """At most half the task slots: a query's tasks then never hold every slot, and the
-    stream's next tasks start at once (the FAIR pools, dstream/pools.py, give them the free
+    stream's next tasks start at once (the FAIR pools, dstream/runtime/pools.py, give them the free
     ones first), while the query still runs in parallel on a larger cluster."""
     return max(1, sc.defaultParallelism // 2)
 

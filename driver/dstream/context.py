@@ -18,22 +18,22 @@ from typing import Any, ClassVar
 from pyspark import RDD, SparkConf, SparkContext
 from pyspark.serializers import CloudPickleSerializer
 
-from dstream.checkpoint import (
+from dstream.connectors.files import FileInputDStream
+from dstream.connectors.rate import RateInputDStream
+from dstream.dstream import DStream, MultiTransformedDStream, UnionDStream
+from dstream.runtime.backpressure import PIDRateEstimator, RateController
+from dstream.runtime.checkpoint import (
     METADATA_VERSION,
     CheckpointDir,
     CheckpointMismatchError,
     move_checkpoint_aside,
 )
-from dstream.clock import ManualClock, SystemClock
-from dstream.connectors.files import FileInputDStream
-from dstream.connectors.rate import RateInputDStream
-from dstream.dstream import DStream, MultiTransformedDStream, UnionDStream
-from dstream.failure import FailurePolicy
-from dstream.graph import DStreamGraph
-from dstream.rate import PIDRateEstimator, RateController
-from dstream.scheduler import BatchScheduler
+from dstream.runtime.clock import ManualClock, SystemClock
+from dstream.runtime.failure import FailurePolicy
+from dstream.runtime.graph import DStreamGraph
+from dstream.runtime.scheduler import BatchScheduler
+from dstream.runtime.timeutil import duration_to_ms
 from dstream.sources import QueueInputDStream
-from dstream.timeutil import duration_to_ms
 
 log = logging.getLogger(__name__)
 # Settings that describe the process that wrote a checkpoint, not the program: a SparkContext

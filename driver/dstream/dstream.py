@@ -22,9 +22,9 @@ from pyspark import RDD, StorageLevel
 from pyspark.rdd import portable_hash
 from pyspark.resultiterable import ResultIterable
 
-from dstream import combine
-from dstream.graph import attached, detached
-from dstream.timeutil import datetime_of, duration_to_ms, time_to_ms
+from dstream.runtime.graph import attached, detached
+from dstream.runtime.timeutil import datetime_of, duration_to_ms, time_to_ms
+from dstream.worker import combine
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext
@@ -381,7 +381,7 @@ class DStream:
 
     def saveAsTextFiles(self, prefix: str, suffix: str | None = None) -> None:
         """Each batch to `prefix-<ms>[.suffix]`, replaced atomically when a batch is re-run."""
-        from dstream.sinks import save_text_atomically, text_file_name
+        from dstream.runtime.output import save_text_atomically, text_file_name
 
         def save(time: datetime, rdd: RDD) -> None:
             save_text_atomically(rdd, text_file_name(prefix, suffix, time))

@@ -13,7 +13,7 @@ from typing import Any
 from pyspark import RDD, StorageLevel
 
 from dstream.dstream import DStream
-from dstream.timeutil import duration_to_ms
+from dstream.runtime.timeutil import duration_to_ms
 
 
 class StateDStream(DStream):

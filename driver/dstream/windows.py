@@ -14,9 +14,9 @@ from typing import Any
 from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner, portable_hash
 
-from dstream import combine
 from dstream.dstream import DStream
-from dstream.timeutil import duration_to_ms
+from dstream.runtime.timeutil import duration_to_ms
+from dstream.worker import combine
 
 
 class WindowedDStream(DStream):

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 from dstream import StreamingContext
-from dstream.checkpoint import CheckpointDir, CheckpointUnrecoverableError
-from dstream.clock import ManualClock
-from dstream.failure import FailurePolicy
-from dstream.timeutil import time_to_ms
+from dstream.runtime.checkpoint import CheckpointDir, CheckpointUnrecoverableError
+from dstream.runtime.clock import ManualClock
+from dstream.runtime.failure import FailurePolicy
+from dstream.runtime.timeutil import time_to_ms
 from harness import InProcessJob, RateJob, fault_rng, truncate_at_random_byte, verify
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from dstream import StreamingContext
-from dstream.clock import ManualClock
-from dstream.timeutil import time_to_ms
+from dstream.runtime.clock import ManualClock
+from dstream.runtime.timeutil import time_to_ms
 
 BATCH_TIMEOUT_S = 120
 

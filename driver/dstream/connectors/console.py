@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
 
-from dstream.apps import COUNTING
+from dstream.service.apps import COUNTING
 
 if TYPE_CHECKING:
     from dstream.spec import StreamingJob

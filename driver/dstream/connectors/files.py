@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, Accumulator
 
-from dstream.checkpoint import write_atomically
-from dstream.sinks import save_text_atomically
+from dstream.runtime.checkpoint import write_atomically
+from dstream.runtime.output import save_text_atomically
+from dstream.runtime.timeutil import time_to_ms
 from dstream.sources import InputDStream
-from dstream.timeutil import time_to_ms
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
 
-from dstream import textgen
 from dstream.sources import InputDStream, split_budget
+from dstream.worker import textgen
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext

@@ -30,7 +30,7 @@ from pyspark import RDD, Accumulator
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from dstream.checkpoint import write_atomically
+from dstream.runtime.checkpoint import write_atomically
 from dstream.sources import InputDStream, SourceError, split_budget
 from dstream.spec import password_env
 

@@ -22,14 +22,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dstream.pools import QUERIES, use_pool
+from dstream.runtime.pools import QUERIES, use_pool
 
 if TYPE_CHECKING:
     from pyspark import RDD
 
     from dstream.context import StreamingContext
     from dstream.dstream import DStream
-    from dstream.scheduler import BatchInfo, BatchScheduler
+    from dstream.runtime.scheduler import BatchInfo, BatchScheduler
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from pyspark import RDD, Accumulator, SparkContext
 from pyspark.accumulators import AccumulatorParam
 from pyspark.serializers import CloudPickleSerializer
 
-from dstream import durable
+from dstream.runtime import durable
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext

@@ -12,9 +12,9 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dstream import tasks
 from dstream.dstream import DStream
 from dstream.spec import App, GrepArgs, SessionsArgs, TopkArgs, WordcountArgs, duration_ms
+from dstream.worker import tasks
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 from pyspark import RDD
 from pyspark.rdd import Partitioner, portable_hash
 
-from dstream import durable, pools
-from dstream.checkpoint import (
+from dstream.runtime import durable, pools
+from dstream.runtime.checkpoint import (
     CheckpointDir,
     CheckpointMismatchError,
     CheckpointUnrecoverableError,
@@ -43,15 +43,15 @@ from dstream.checkpoint import (
     compare_signatures,
     fault_point,
 )
-from dstream.failure import BatchFailedError, FailurePolicy
-from dstream.timeutil import datetime_of
+from dstream.runtime.failure import BatchFailedError, FailurePolicy
+from dstream.runtime.timeutil import datetime_of
 
 if TYPE_CHECKING:
-    from dstream.clock import ManualClock, SystemClock
     from dstream.context import StreamingContext
     from dstream.dstream import DStream
-    from dstream.graph import DStreamGraph
-    from dstream.rate import RateController
+    from dstream.runtime.backpressure import RateController
+    from dstream.runtime.clock import ManualClock, SystemClock
+    from dstream.runtime.graph import DStreamGraph
 
 log = logging.getLogger(__name__)
 HISTORY = 1000
