@@ -91,7 +91,7 @@ def collect_into(outputs: dict[int, Counter[str]]) -> Callable[[Any, Any], None]
 def rate_source(ssc: Any, schedule: RateSchedule) -> Any:
     """dstream's rate source with the schedule's offered rate: the records that arrived by a
     batch time are the schedule's total then (the engine's own source has one fixed rate)."""
-    from dstream.connectors.rate import RateInputDStream
+    from dstream.sources import RateInputDStream
 
     class ScheduledRateStream(RateInputDStream):
         def _available(self, time_ms: int) -> list[int]:

@@ -24,10 +24,9 @@ import time
 
 import redis
 from dstream import StreamingContext
-from dstream.connectors.rate import RateInputDStream
 from dstream.connectors.redis import RedisInputDStream
 from dstream.runtime.clock import ManualClock
-from dstream.sources import InputDStream
+from dstream.sources import InputDStream, RateInputDStream
 from dstream.worker import pydaemon, tasks, textgen
 from pyspark import SparkConf, SparkContext
 

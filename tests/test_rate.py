@@ -7,12 +7,10 @@ import logging
 import math
 
 import pytest
-from dstream.connectors.files import FileInputDStream
-from dstream.connectors.rate import RateInputDStream
 from dstream.context import StreamingContext
 from dstream.runtime.backpressure import PIDRateEstimator, RateController
 from dstream.runtime.clock import ManualClock
-from dstream.sources import split_budget
+from dstream.sources import FileInputDStream, RateInputDStream, split_budget
 
 BATCH_MS = 1000
 

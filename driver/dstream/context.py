@@ -18,8 +18,6 @@ from typing import Any, ClassVar
 from pyspark import RDD, SparkConf, SparkContext
 from pyspark.serializers import CloudPickleSerializer
 
-from dstream.connectors.files import FileInputDStream
-from dstream.connectors.rate import RateInputDStream
 from dstream.dstream import DStream, MultiTransformedDStream, UnionDStream
 from dstream.runtime.backpressure import PIDRateEstimator, RateController
 from dstream.runtime.checkpoint import (
@@ -33,7 +31,7 @@ from dstream.runtime.failure import FailurePolicy
 from dstream.runtime.graph import DStreamGraph
 from dstream.runtime.scheduler import BatchScheduler
 from dstream.runtime.timeutil import duration_to_ms
-from dstream.sources import QueueInputDStream
+from dstream.sources import FileInputDStream, QueueInputDStream, RateInputDStream
 
 log = logging.getLogger(__name__)
 # Settings that describe the process that wrote a checkpoint, not the program: a SparkContext

@@ -88,9 +88,6 @@ BUILTINS: dict[str, Callable[..., DStream]] = {
     "sessions": sessions,
 }
 
-# Built-ins whose output is (key, count) pairs, shown largest first on the console.
-COUNTING = {"wordcount", "topk", "sessions"}
-
 
 def load_user_build(module_ref: str) -> Callable[..., Any]:
     """Import `pkg.mod:build`; errors name what was not found."""
