@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from dstream.runtime.pools import QUERIES, use_pool
-from dstream.service.metrics import recovery_counts
+from dstream.runtime.recovery import recovery_counts
 
 from dstream_api.models import (
     Batch,
@@ -173,7 +173,7 @@ class RuntimeView:
             rate_limit=rate_limit,
             pending_batches=scheduler.pending_batches() if scheduler is not None else 0,
             backlog=backlog,
-            recoveries=recovery_counts(scheduler) if scheduler is not None else {},
+            recoveries=recovery_counts(scheduler.recovery) if scheduler is not None else {},
         )
 
     def readiness(self) -> tuple[bool, str]:

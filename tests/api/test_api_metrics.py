@@ -6,8 +6,9 @@ import time
 
 import pytest
 from dstream.runtime.backpressure import PIDRateEstimator, RateController
+from dstream.runtime.recovery import RECOVERY_KINDS
 from dstream.runtime.scheduler import BatchEvent, BatchInfo
-from dstream.service.metrics import RECOVERY_KINDS, StreamingMetrics
+from dstream.service.metrics import StreamingMetrics
 from streams import manual_context, run_batches
 
 JOB = "metricsjob"

@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dstream.runtime.pools import QUERIES, use_pool
+from dstream.runtime.recovery import recovery_counts
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 BATCH_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, math.inf)
 CHECKPOINT_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, math.inf)
 # What a driver restart found, as counted by dstream_recoveries_total{kind}.
-RECOVERY_KINDS = ("driver_restart", "replayed_batches", "restored_state", "torn_files")
 DEFAULT_STATE_KEYS_INTERVAL_S = 10.0
 STATE_KEYS_INTERVAL_CONF = "dstream.metrics.stateKeysIntervalSeconds"
 SAMPLER_JOB_GROUP = "dstream-state-keys"
@@ -333,24 +333,11 @@ class LiveCollector(Collector):
                 for partition, lag in source.backlog_by_partition().items():
                     partition_backlog.add_metric([job, source.name, partition], lag)
             pending.add_metric([job], scheduler.pending_batches())
-            for kind, count in recovery_counts(scheduler).items():
+            for kind, count in recovery_counts(scheduler.recovery).items():
                 recoveries.add_metric([job, kind], count)
         for stream, keys in sorted(self._state_keys.counts.items()):
             state.add_metric([job, stream], keys)
         yield from (rate, *pid.values(), backlog, partition_backlog, pending, recoveries, state)
-
-
-def recovery_counts(scheduler: BatchScheduler) -> dict[str, int]:
-    """dstream_recoveries_total{kind} and /v1/status recoveries: every kind, zero when none."""
-    recovery = scheduler.recovery
-    if recovery is None:
-        return dict.fromkeys(RECOVERY_KINDS, 0)
-    return {
-        "driver_restart": 1,
-        "replayed_batches": len(recovery.replayed),
-        "restored_state": len(recovery.restored_state),
-        "torn_files": len(recovery.torn_files),
-    }
 
 
 def state_keys_interval(ssc: StreamingContext) -> float:
