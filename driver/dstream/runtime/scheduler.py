@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from dstream.runtime import durable, pools
 from dstream.runtime.checkpoint import (
@@ -125,6 +125,16 @@ class BatchEvent:
 
     def batchInfo(self) -> BatchInfo:
         return self.info
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """How a batch's run ended: `committed`; `skipped`, committed past outputs that failed for
+    good under onExhausted: skip (`error` is their failure); or `uncommitted`, left in the log for
+    a restart to run again (`error` is what stopped it)."""
+
+    status: Literal["committed", "skipped", "uncommitted"]
+    error: Exception | None = None
 
 
 class BatchScheduler:
@@ -327,46 +337,45 @@ class BatchScheduler:
         sc = self._ssc.sparkContext
         sc.setJobGroup(f"dstream-batch-{time_ms}", f"batch {datetime_of(time_ms)}", True)
         sc.setLocalProperty(CHECKPOINT_ALL_MARKED, "true")
-        failure = self._execute(info)
-        if failure is not None and not info.skipped:
-            info.error = _describe(failure)
+        outcome = self._execute(info)
+        info.skipped = outcome.status == "skipped"
+        if outcome.error is not None:
+            info.error = _describe(outcome.error)
         info.processing_end_ms = self.clock.now_ms()
         self._graph.clear_metadata(time_ms)
         self.current = None
         self.history.append(info)
-        if failure is None:
+        if outcome.status == "committed":
             self._update_rates(info)
         self._notify("onBatchCompleted", info)
         with self._completed:
             self._completed.notify_all()
-        if failure is None:
+        if outcome.status == "committed":
             return True
-        if info.skipped:
-            self._ssc._report_error(failure)
+        assert outcome.error is not None
+        if outcome.status == "skipped":
+            self._ssc._report_error(outcome.error)
             return True
-        self._give_up(info, failure)
+        self._give_up(info, outcome.error)
         return False
 
-    def _execute(self, info: BatchInfo) -> Exception | None:
-        """The failure that leaves the batch uncommitted, or None once it is committed (as
-        skipped, when its outputs failed for good under onExhausted: skip). A checkpoint that
-        cannot be written is never skipped past: without the batch's record and commit a
-        restart could not tell what it read, so the run stops there."""
+    def _execute(self, info: BatchInfo) -> BatchOutcome:
+        """Record the batch, run its outputs and commit it. Outputs that failed for good are
+        committed past as skipped only under onExhausted: skip; a checkpoint that cannot be
+        written is never skipped past: without the batch's record and commit a restart could
+        not tell what it read, so the batch stays uncommitted and the run stops there."""
         failure = self._write_record(info)
         if failure is not None:
-            return failure
+            return BatchOutcome("uncommitted", failure)
         failure = self._run_outputs(info)
         info.state_checkpoints = self._graph.completed_checkpoints()
-        if failure is not None:
-            info.skipped = self.failure_policy.skips and not self._stopping
-            if not info.skipped:
-                return failure
-            info.error = _describe(failure)
-        commit_failure = self._commit(info)
+        if failure is not None and not (self.failure_policy.skips and not self._stopping):
+            return BatchOutcome("uncommitted", failure)
+        outcome = BatchOutcome("committed") if failure is None else BatchOutcome("skipped", failure)
+        commit_failure = self._commit(info, outcome)
         if commit_failure is not None:
-            info.skipped = False
-            return commit_failure
-        return failure
+            return BatchOutcome("uncommitted", commit_failure)
+        return outcome
 
     def _retrying(
         self, info: BatchInfo, step: str, attempt: Callable[[], Exception | None]
@@ -498,7 +507,7 @@ class BatchScheduler:
                 info.schedulingDelay() or 0,
             )
 
-    def _commit(self, info: BatchInfo) -> Exception | None:
+    def _commit(self, info: BatchInfo, outcome: BatchOutcome) -> Exception | None:
         """Mark the batch done in the log, retrying under the failure policy; the failure when
         the marker could not be written. A skipped batch (failurePolicy onExhausted: skip) is
         marked too, with its error and the input ranges it skipped: the run moved on past it,
@@ -508,8 +517,8 @@ class BatchScheduler:
         checkpoint = self._checkpoint
         fault_point("before-commit")
         commit: dict[str, Any] = {"state": info.state_checkpoints}
-        if info.skipped:
-            commit["error"] = info.error
+        if outcome.status == "skipped":
+            commit["error"] = _describe(outcome.error)
             commit["skipped"] = info.ranges
         failure = self._write_checkpoint(
             info,
