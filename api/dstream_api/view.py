@@ -156,7 +156,7 @@ class RuntimeView:
     def status(self) -> Status:
         runtime = self._runtime
         scheduler = runtime.scheduler
-        sources = runtime.ssc._graph.inputs
+        sources = runtime.ssc.input_streams
         history = self._history()
         rate_limit: dict[str, float | None] = {source.name: None for source in sources}
         backlog: dict[str, int | None] = {source.name: None for source in sources}
@@ -215,8 +215,8 @@ class RuntimeView:
             summaries.append(
                 StreamSummary(
                     name=name,
-                    slide_seconds=stream._slide_ms / 1000,
-                    retain_seconds=stream._remember_ms / 1000,
+                    slide_seconds=stream.slide_ms / 1000,
+                    retain_seconds=stream.remember_ms / 1000,
                     retained_batches=len(times),
                     oldest=utc(times[0]) if times else None,
                     newest=utc(times[-1]) if times else None,

@@ -31,7 +31,7 @@ from dstream.runtime.failure import FailurePolicy
 from dstream.runtime.graph import DStreamGraph
 from dstream.runtime.scheduler import BatchScheduler
 from dstream.runtime.timeutil import duration_to_ms
-from dstream.sources import FileInputDStream, QueueInputDStream, RateInputDStream
+from dstream.sources import FileInputDStream, InputDStream, QueueInputDStream, RateInputDStream
 
 log = logging.getLogger(__name__)
 # Settings that describe the process that wrote a checkpoint, not the program: a SparkContext
@@ -164,6 +164,28 @@ class StreamingContext:
     @property
     def sparkContext(self) -> SparkContext:
         return self._sc
+
+    # -- read-only views for the job service, metrics and the HTTP API ---------------------
+
+    @property
+    def input_streams(self) -> list[InputDStream]:
+        """The graph's input streams, in the order they were created."""
+        return list(self._graph.inputs)
+
+    @property
+    def all_streams(self) -> list[DStream]:
+        """Every stream of the graph, in the order they were created."""
+        return list(self._graph.streams)
+
+    @property
+    def stateful_streams(self) -> list[DStream]:
+        """The streams whose RDDs are checkpointed (state, reduced windows, checkpoint())."""
+        return self._graph.stateful_streams()
+
+    @property
+    def scheduler(self) -> BatchScheduler | None:
+        """The batch scheduler, once start() has created it."""
+        return self._scheduler
 
     # -- configuration --------------------------------------------------------------------
 

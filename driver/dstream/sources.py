@@ -48,6 +48,10 @@ class InputDStream(DStream):
     def signature(self) -> dict[str, Any]:
         return {**super().signature(), "name": self.name}
 
+    def _deadletter_dir(self, time_ms: int) -> str:
+        """The directory for the malformed records of the batch at time_ms (DStreamGraph's)."""
+        return self._ssc._graph.deadletter_dir(time_ms)
+
     def plan(self, time_ms: int, max_records: int | None) -> Any:
         """Decide (and remember) the input of the batch at time_ms: at most max_records."""
         planned = self._next_range(time_ms, max_records)
@@ -251,7 +255,7 @@ class FileInputDStream(InputDStream):
         if self.format == "text":
             ranges = byte_ranges(files, self._sc.defaultParallelism)
             return self._sc.parallelize(ranges, len(ranges)).flatMap(_lines_in_range)
-        deadletter = self._ssc._graph.deadletter_dir(time_ms)
+        deadletter = self._deadletter_dir(time_ms)
         malformed = self._malformed
         return self._sc.parallelize(files, len(files)).flatMap(
             lambda path: _read_json_lines(path, deadletter, malformed)

@@ -290,7 +290,7 @@ class RedisInputDStream(InputDStream):
         if not tasks:
             return self._sc.emptyRDD()
         url, field, retry = self.url, self.field, self.retry_seconds
-        deadletter = self._ssc._graph.deadletter_dir(time_ms) if field else None
+        deadletter = self._deadletter_dir(time_ms) if field else None
         malformed = self._malformed
         return self._sc.parallelize(tasks, len(tasks)).flatMap(
             lambda task: read_range(url, *task, field, deadletter, malformed, retry)

@@ -136,15 +136,16 @@ class CheckpointRecovery:
         for index, checkpoints in candidates.items():
             stream = self._graph.streams[int(index)]
             loaded: list[tuple[int, str]] = []
-            if stream._durable_batches:  # older ones in the log were pruned, not torn
-                checkpoints = checkpoints[: stream._checkpoints_kept()]
+            data = stream.checkpoint_data
+            if data.durable_batches:  # older ones in the log were pruned, not torn
+                checkpoints = checkpoints[: data.checkpoints_kept()]
             for time_ms, path in checkpoints:
                 rdd = self._read_checkpoint(stream, path, torn)
                 if rdd is None:
                     continue
                 stream._restore(time_ms, rdd)
                 loaded.append((time_ms, path))
-                if not stream._durable_batches:
+                if not data.durable_batches:
                     restored[index] = time_ms
                     break
             for time_ms, path in reversed(loaded):
@@ -171,7 +172,7 @@ class CheckpointRecovery:
             torn.append(path)
             return None
         rdd = RDD(jrdd, sc, sc.serializer)
-        partitions = getattr(stream, "_partitions", None)
+        partitions = stream.checkpoint_data.partitions
         if partitions is not None and rdd.getNumPartitions() == partitions:
             rdd.partitioner = Partitioner(partitions, portable_hash)
         return rdd
@@ -197,7 +198,7 @@ class CheckpointRecovery:
                 f"stream #{s._index} ({type(s).__name__}) has no readable state checkpoint and "
                 f"the batch log now starts at {datetime_of(first)}"
                 for s in self._graph.streams
-                if s._must_checkpoint and str(s._index) not in restored
+                if s.checkpoint_data.required and str(s._index) not in restored
             ]
         if problems:
             raise CheckpointUnrecoverableError(

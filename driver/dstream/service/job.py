@@ -72,8 +72,8 @@ def build_context(job: StreamingJob, sc: SparkContext) -> StreamingContext:
     outputs = build_app(ssc, source, spec.app)
     if spec.checkpoint is not None and spec.checkpoint.interval is not None:
         interval_s = duration_ms(spec.checkpoint.interval) / 1000
-        for stream in ssc._graph.streams:
-            if stream._must_checkpoint:
+        for stream in ssc.all_streams:
+            if stream.checkpoint_data.required:
                 stream.checkpoint(interval_s)
     for index, output in enumerate(outputs):
         output.foreachRDD(create_sink(job, index))
@@ -151,7 +151,7 @@ class JobRuntime:
 
     @property
     def scheduler(self) -> Any:
-        return self.ssc._scheduler
+        return self.ssc.scheduler
 
     def start(self) -> None:
         self.ssc.start()

@@ -105,7 +105,7 @@ class StreamingMetrics:
             ["job", "source"],
             registry=registry,
         )
-        for source in self._ssc._graph.inputs:
+        for source in self._ssc.input_streams:
             self.input_records.labels(job=job, source=source.name)
         self.processing = Histogram(
             "dstream_batch_processing_seconds",
@@ -214,15 +214,14 @@ class StateKeysSampler:
         registered = self._ssc.queryStreams
         yield from registered.items()
         named = {id(stream) for stream in registered.values()}
-        for stream in self._ssc._graph.stateful_streams():
+        for stream in self._ssc.stateful_streams:
             if id(stream) not in named:
-                yield f"{type(stream).__name__}-{stream._index}", stream
+                yield f"{type(stream).__name__}-{stream.index}", stream
 
     def _newest_rdds(self) -> Iterator[tuple[str, RDD | None]]:
         for name, stream in self._sampled_streams():
-            with stream._lock:
-                generated = stream._generated
-                yield name, generated[max(generated)] if generated else None
+            retained = stream.retained()
+            yield name, retained[max(retained)] if retained else None
 
     def _count(self, newest: dict[str, RDD]) -> None:
         sc = self._ssc.sparkContext
@@ -260,7 +259,7 @@ class LiveCollector(Collector):
         return list(self._families(None))
 
     def collect(self) -> list[Metric]:
-        return list(self._families(self._ssc._scheduler))
+        return list(self._families(self._ssc.scheduler))
 
     def _families(self, scheduler: BatchScheduler | None) -> Iterator[Metric]:
         job = self._job
@@ -318,7 +317,7 @@ class LiveCollector(Collector):
         )
         if scheduler is not None:
             now_ms = scheduler.clock.now_ms()
-            for source in self._ssc._graph.inputs:
+            for source in self._ssc.input_streams:
                 controller = scheduler.rate_controllers.get(source.name)
                 if controller is not None and controller.rate_limit is not None:
                     rate.add_metric([job, source.name], controller.rate_limit)
