@@ -251,7 +251,11 @@ class DStream:
     def transformWith(
         self, func: Callable[..., RDD], other: DStream, keepSerializer: bool = False
     ) -> DStream:
-        """A stream of func(rdd_a, rdd_b) (or with time first) over two streams."""
+        """A stream of func(rdd_a, rdd_b) (or with time first) over two streams.
+
+        `keepSerializer` is accepted for pyspark.streaming's signature and ignored: there it
+        decides how func's result is serialized on its way back into a JVM DStream, while
+        dstream's streams stay Python RDDs that are never re-serialized."""
         return Transformed2DStream(self, other, _with_time(func, 2))
 
     def mapPartitionsWithIndex(

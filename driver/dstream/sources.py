@@ -37,8 +37,6 @@ class SourceError(RuntimeError):
 class InputDStream(DStream):
     """A stream with no parents whose RDD for a time comes from that time's planned range."""
 
-    replayable = True
-
     def __init__(self, ssc: StreamingContext, name: str):
         super().__init__(ssc, [], ssc._graph.batch_ms)
         self.name = name
@@ -103,8 +101,6 @@ class InputDStream(DStream):
 
 class QueueInputDStream(InputDStream):
     """queueStream: RDDs from a queue, one (or all) per batch. In memory, so not replayable."""
-
-    replayable = False
 
     def __init__(
         self, ssc: StreamingContext, rdds: list[RDD], one_at_a_time: bool, default: RDD | None
