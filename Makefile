@@ -85,9 +85,12 @@ bench-backpressure: setup $(BENCH_STAMP)
 crd: setup
 	$(BIN)/python -m dstream_operator.crd > crds/streamingjob.yaml
 
+# ruff, then the layers contract (pyproject.toml's [tool.importlinter]: no package imports a
+# layer above it, and the operator never reaches the engine or PySpark).
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -73,7 +73,7 @@ def emit(**fields: Any) -> None:
 def word_counts(lines: Any) -> Any:
     """Per batch: each partition's words counted in a Counter (as dstream's wordcount app does),
     then summed per word."""
-    from dstream.tasks import count_words
+    from dstream.worker.tasks import count_words
 
     return lines.mapPartitions(count_words).reduceByKey(operator.add)
 
@@ -91,7 +91,7 @@ def collect_into(outputs: dict[int, Counter[str]]) -> Callable[[Any, Any], None]
 def rate_source(ssc: Any, schedule: RateSchedule) -> Any:
     """dstream's rate source with the schedule's offered rate: the records that arrived by a
     batch time are the schedule's total then (the engine's own source has one fixed rate)."""
-    from dstream.connectors.rate import RateInputDStream
+    from dstream.sources import RateInputDStream
 
     class ScheduledRateStream(RateInputDStream):
         def _available(self, time_ms: int) -> list[int]:
@@ -260,7 +260,7 @@ def spark_context(backpressure: bool, initial_rate: float | None) -> Any:
 
     from bench.systems import spark_conf
 
-    conf = spark_conf("local[2]", PARTITIONS, "dstream.pydaemon")
+    conf = spark_conf("local[2]", PARTITIONS, "dstream.worker.pydaemon")
     conf.set("spark.app.name", "dstream-bench-backpressure")
     # A receiver cuts a block every blockInterval, a partition each: 500 ms gives
     # pyspark.streaming's 1 s batches 2 partitions, as many as dstream's rate source has.

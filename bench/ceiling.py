@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lines", type=int, default=200_000, help="lines per timed round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--results", type=Path, default=newest_results())
-    parser.add_argument("--daemon", default="dstream.pydaemon", help="which table's maxima")
+    parser.add_argument("--daemon", default="dstream.worker.pydaemon", help="which table's maxima")
     args = parser.parse_args(argv)
     maxima = measured_maxima(args.results, args.daemon)
     feed.textgen.line_pool(SEED, RECORD_BYTES)

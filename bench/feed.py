@@ -1,6 +1,6 @@
 """The same deterministic input for every system: batch k holds the records of interval k.
 
-All three systems read the records of `dstream.textgen`: record (partition p, offset n) is line
+All three systems read the records of `dstream.worker.textgen`: record (partition p, offset n) is line
 `line_index(seed, p, n)` of a pool of 100-byte lines. Batch k (1-based) of a stream at `rate`
 records per second over P partitions holds the global sequence numbers [rate*(k-1), rate*k), and
 sequence number v is record (v % P, v // P): exactly how `RateInputDStream` splits its offsets.
@@ -25,12 +25,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-TEXTGEN = Path(__file__).resolve().parent.parent / "driver" / "dstream" / "textgen.py"
+TEXTGEN = Path(__file__).resolve().parent.parent / "driver" / "dstream" / "worker" / "textgen.py"
 
 
 def load_textgen() -> ModuleType:
-    """dstream.textgen loaded on its own, not through the dstream package: importing the engine
-    changes how a Python worker runs its tasks (dstream.zipcache), and the peers' workers must
+    """dstream.worker.textgen loaded on its own, not through the dstream package: importing the engine
+    changes how a Python worker runs its tasks (dstream.worker.zipcache), and the peers' workers must
     stay as their users have them. textgen itself imports only the standard library."""
     module = sys.modules.get("bench_textgen")
     if module is None:

@@ -8,7 +8,7 @@ the batches after the window filled. Processing time not covered by any job is t
 per-batch cost (planning, py4j calls, checkpoint writes). Run py-spy on the printed driver pid
 for the driver's Python side.
 
-`--zipcache` gives every Python worker `dstream.zipcache` from the start (a sitecustomize
+`--zipcache` gives every Python worker `dstream.worker.zipcache` from the start (a sitecustomize
 module), as importing the dstream package gives dstream's own workers: on `pyspark.daemon` that
 separates what the zip cache buys from what the engine does.
 """
@@ -34,11 +34,11 @@ ENGINES = ("dstream", "pyspark.streaming")
 # The job property that names a job's batch: dstream's job group, Spark Streaming's batch time.
 DSTREAM_GROUP = "dstream-batch-"
 STREAMING_BATCH_TIME = "spark.streaming.internal.batchTime"
-ZIPCACHE = Path(__file__).resolve().parent.parent / "driver" / "dstream" / "zipcache.py"
+ZIPCACHE = Path(__file__).resolve().parent.parent / "driver" / "dstream" / "worker" / "zipcache.py"
 
 
 def give_workers_zipcache() -> None:
-    """Every Python process started from now on loads dstream.zipcache by its file (not the
+    """Every Python process started from now on loads dstream.worker.zipcache by its file (not the
     dstream package, whose import would change more) and installs it."""
     directory = tempfile.mkdtemp(prefix="bench-zipcache-")
     Path(directory, "sitecustomize.py").write_text(
@@ -154,12 +154,14 @@ def batch_row(batch: Batch, jobs: list[dict[str, Any]]) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--system", choices=ENGINES, default="dstream")
-    parser.add_argument("--daemon", choices=DAEMONS, default="dstream.pydaemon")
+    parser.add_argument("--daemon", choices=DAEMONS, default="dstream.worker.pydaemon")
     parser.add_argument("--workload", default="wordcount")
     parser.add_argument("--variant", default="tuned")
     parser.add_argument("--rate", type=int, default=20_000)
     parser.add_argument("--batches", type=int, default=45)
-    parser.add_argument("--zipcache", action="store_true", help="dstream.zipcache in all workers")
+    parser.add_argument(
+        "--zipcache", action="store_true", help="dstream.worker.zipcache in all workers"
+    )
     args = parser.parse_args(argv)
     if args.zipcache:
         give_workers_zipcache()

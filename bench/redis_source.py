@@ -1,6 +1,6 @@
 """WordCount throughput with a Redis Streams source against the rate source, in one script.
 
-Both sources hold the same lines (`dstream.textgen`, 2 partitions: the Redis stream is filled
+Both sources hold the same lines (`dstream.worker.textgen`, 2 partitions: the Redis stream is filled
 with the rate source's records first), each batch is planned through the source's own `plan`
 and counted with the built-in WordCount's per-partition counting and `reduceByKey`, on one
 local[2] SparkContext. The ratio redis / rate is what reading from a broker costs against
@@ -23,11 +23,11 @@ import tempfile
 import time
 
 import redis
-from dstream import StreamingContext, pydaemon, tasks, textgen
-from dstream.clock import ManualClock
-from dstream.connectors.rate import RateInputDStream
+from dstream import StreamingContext
 from dstream.connectors.redis import RedisInputDStream
-from dstream.sources import InputDStream
+from dstream.runtime.clock import ManualClock
+from dstream.sources import InputDStream, RateInputDStream
+from dstream.worker import pydaemon, tasks, textgen
 from pyspark import SparkConf, SparkContext
 
 PARTITIONS = 2

@@ -170,7 +170,7 @@ def write_report(
         f"used more than {gate.limit_cores} cores over {gate.block_s:.0f} s "
         f"(at most {gate.retries} redos, then 'machine busy')",
         "- every system: `local[2]`, 2 input partitions, 2 shuffle partitions, 1 s batches, "
-        "the same 100-byte lines (`dstream.textgen`'s pool, `bench/feed.py`); dstream and "
+        "the same 100-byte lines (`dstream.worker.textgen`'s pool, `bench/feed.py`); dstream and "
         "pyspark.streaming run the same program text (`bench/programs.py`)",
         f"- search trials: {plan.warmup} + {plan.measured} batches; confirmation: "
         f"{plan.confirm_warmup} + {plan.confirm_measured} batches (the {WINDOW_BATCHES} s window "

@@ -1,6 +1,6 @@
 """`python -m bench`: every system and variant, interleaved on this machine, and the report.
 
-Two tables, one per Python worker daemon (dstream.pydaemon, then pyspark.daemon): for each, one
+Two tables, one per Python worker daemon (dstream.worker.pydaemon, then pyspark.daemon): for each, one
 worker process per system (`bench.worker`, its own JVM) stays up, and the searches of all
 (system, variant) pairs for a workload advance together, one trial each in turn (the order
 reversed every round), so that a change in the machine's load reaches all of them alike. Every
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--recovery-only",
         action="store_true",
-        help="only recovery, at half of today's dstream.pydaemon maxima (implies --merge)",
+        help="only recovery, at half of today's dstream.worker.pydaemon maxima (implies --merge)",
     )
     args = parser.parse_args(argv)
     plan = PLANS["quick" if args.quick else "full"]

@@ -22,7 +22,7 @@ from bench.systems import spark_conf
 
 
 def _graphs() -> dict[str, Any]:
-    from dstream import apps
+    from dstream.service import apps
     from dstream.spec import WordcountArgs
 
     def window(ssc: Any, lines: Any) -> Any:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=15)
     args = parser.parse_args(argv)
-    sc = SparkContext(conf=spark_conf("local[2]", 2, "dstream.pydaemon"))
+    sc = SparkContext(conf=spark_conf("local[2]", 2, "dstream.worker.pydaemon"))
     sc.setLogLevel("ERROR")
     try:
         for name, build in _graphs().items():

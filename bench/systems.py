@@ -28,14 +28,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dstream import pydaemon
+from dstream.worker import pydaemon
 from pyspark import SparkConf, SparkContext
 
 from bench import feed, programs
 from bench.reference import GREP_PATTERN, RECORD_BYTES, SEED, TOP_K, WINDOW_BATCHES
 
 WORKLOADS = programs.WORKLOADS
-DAEMONS = ("dstream.pydaemon", "pyspark.daemon")
+DAEMONS = ("dstream.worker.pydaemon", "pyspark.daemon")
 
 
 @dataclass
@@ -83,7 +83,7 @@ def spark_conf(master: str, partitions: int, daemon: str) -> SparkConf:
         ("spark.sql.shuffle.partitions", str(partitions)),
         ("spark.driver.memory", "2g"),
     ]
-    if daemon == "dstream.pydaemon":
+    if daemon == "dstream.worker.pydaemon":
         settings += list(pydaemon.SPARK_CONF.items())
     elif daemon != "pyspark.daemon":
         raise ValueError(f"unknown worker daemon {daemon!r} (one of {DAEMONS})")

@@ -19,7 +19,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 @pytest.fixture(scope="session")
 def sc():
-    from dstream.pydaemon import SPARK_CONF
+    from dstream.worker.pydaemon import SPARK_CONF
     from pyspark import SparkConf, SparkContext
 
     conf = (

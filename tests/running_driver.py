@@ -129,7 +129,16 @@ def running_driver(
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         **(env or {}),
     }
-    command = [sys.executable, "-m", "dstream.cli", "run", str(path), "--port", str(port), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "dstream.service.cli",
+        "run",
+        str(path),
+        "--port",
+        str(port),
+        *args,
+    ]
     with log.open("wb") as sink:
         process = subprocess.Popen(
             command,

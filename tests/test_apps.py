@@ -6,9 +6,9 @@ import re
 from collections import Counter
 
 import pytest
-from dstream import textgen
-from dstream.apps import build_app
+from dstream.service.apps import build_app
 from dstream.spec import App
+from dstream.worker import textgen
 from streams import collect, manual_context
 
 RATE, PARTITIONS, SEED, SIZE = 400, 2, 11, 60
@@ -78,4 +78,4 @@ def test_sessions_counts_events_per_active_user(sc):
 def test_user_module_must_return_streams(sc):
     ssc = manual_context(sc)
     with pytest.raises(ImportError, match="has no attribute 'nope'"):
-        build_app(ssc, ssc.queueStream([[1]]), App(module="dstream.apps:nope"))
+        build_app(ssc, ssc.queueStream([[1]]), App(module="dstream.service.apps:nope"))

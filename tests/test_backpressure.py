@@ -23,12 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
-from dstream import StreamingContext, textgen
-from dstream.clock import ManualClock
-from dstream.connectors.rate import RateInputDStream
+from dstream import StreamingContext
 from dstream.dstream import DStream
-from dstream.rate import PIDRateEstimator, RateController
-from dstream.scheduler import BatchInfo
+from dstream.runtime.backpressure import PIDRateEstimator, RateController
+from dstream.runtime.clock import ManualClock
+from dstream.runtime.scheduler import BatchInfo
+from dstream.sources import RateInputDStream
+from dstream.worker import textgen
 from streams import BATCH_TIMEOUT_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(900)]

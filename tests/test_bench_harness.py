@@ -255,10 +255,10 @@ def test_recovery_runs_at_half_of_the_systems_own_confirmed_maximum():
             "structured/plain": {"status": "confirmed", "rate": 1_000},
         }
     }
-    tuned = recovery_subject("dstream", table, "dstream.pydaemon")
+    tuned = recovery_subject("dstream", table, "dstream.worker.pydaemon")
     assert (tuned.variant, tuned.rate) == ("tuned", 150_000)
-    assert recovery_subject("structured", table, "dstream.pydaemon").variant == "plain"
-    assert recovery_subject("pyspark.streaming", table, "dstream.pydaemon") is None
+    assert recovery_subject("structured", table, "dstream.worker.pydaemon").variant == "plain"
+    assert recovery_subject("pyspark.streaming", table, "dstream.worker.pydaemon") is None
 
 
 MACHINE = {"cores": 2, "cpu": "x", "memory_gb": 1, "os": "y", "python": "3.11"}
@@ -273,11 +273,11 @@ RUN = {
 
 
 def one_table_report(directory, workload: str, rows: dict) -> str:
-    """The report of a single run whose dstream.pydaemon table holds `rows` for `workload`."""
+    """The report of a single run whose dstream.worker.pydaemon table holds `rows` for `workload`."""
     from bench.report import write_report
     from bench.run import PLANS, Gate
 
-    tables = {"dstream.pydaemon": {workload: rows}}
+    tables = {"dstream.worker.pydaemon": {workload: rows}}
     gate, plan = Gate(0.25, 10, 2, False), PLANS["full"]
     return write_report(directory, "today", MACHINE, [RUN], tables, {}, gate, plan, []).read_text()
 
@@ -301,12 +301,14 @@ def test_a_partial_report_names_what_it_has_not_measured(tmp_path):
     from bench.run import PLANS, Gate
 
     rows = {"dstream/tuned": {"status": "confirmed", "rate": 90_000}}
-    pending = ["topk on dstream.pydaemon", "recovery"]
-    tables = {"dstream.pydaemon": {"wordcount": rows}}
+    pending = ["topk on dstream.worker.pydaemon", "recovery"]
+    tables = {"dstream.worker.pydaemon": {"wordcount": rows}}
     gate, plan = Gate(0.25, 10, 2, False), PLANS["full"]
     text = write_report(tmp_path, "today", MACHINE, [RUN], tables, {}, gate, plan, pending)
     text = text.read_text()
-    assert "**Partial**" in text and "not measured: topk on dstream.pydaemon, recovery" in text
+    assert (
+        "**Partial**" in text and "not measured: topk on dstream.worker.pydaemon, recovery" in text
+    )
     assert "| wordcount | dstream/tuned | confirmed | 90,000 |" in text
     assert "Not run yet." in text and "--no-recovery" not in text
     text = write_report(tmp_path, "today", MACHINE, [RUN], tables, {}, gate, plan, []).read_text()
@@ -321,7 +323,7 @@ def test_a_merged_run_replaces_only_the_rows_it_measured(tmp_path):
 
     gate, plan = Gate(0.25, 10, 2, False), PLANS["full"]
     tables = {
-        "dstream.pydaemon": {
+        "dstream.worker.pydaemon": {
             "wordcount": {
                 "dstream/tuned": {"status": "confirmed", "rate": 600_000},
                 "structured/expert": {"status": "no passing rate", "rate": None},
@@ -333,7 +335,7 @@ def test_a_merged_run_replaces_only_the_rows_it_measured(tmp_path):
     earlier = load_report(tmp_path, "today")
     assert earlier is not None and load_report(tmp_path, "another day") is None
     merged = earlier["tables"]
-    merged["dstream.pydaemon"]["wordcount"].update(
+    merged["dstream.worker.pydaemon"]["wordcount"].update(
         {"structured/expert": {"status": "confirmed", "rate": 250_000}}
     )
     tag_rows(merged, 2)
@@ -353,7 +355,7 @@ def test_recovery_table_states_the_run_length_and_a_recovery_not_seen():
     fault = {"baseline_ms": 400, "first_batch_after_s": 5.6, "peak_ms": 5400}
     recovery = {
         "workload": "wordcount",
-        "daemon": "dstream.pydaemon",
+        "daemon": "dstream.worker.pydaemon",
         "batches_before": 30,
         "batches_after": 60,
         "dstream": {
@@ -435,8 +437,8 @@ def test_ceiling_reads_only_confirmed_maxima(tmp_path):
         "pyspark.streaming/tutorial": {"status": "no passing rate", "rate": None},
     }
     path = tmp_path / "2026-01-01.json"
-    path.write_text(json.dumps({"tables": {"dstream.pydaemon": {"wordcount": rows}}}))
-    maxima = measured_maxima(path, "dstream.pydaemon")
+    path.write_text(json.dumps({"tables": {"dstream.worker.pydaemon": {"wordcount": rows}}}))
+    maxima = measured_maxima(path, "dstream.worker.pydaemon")
     assert maxima == {
         ("wordcount", "dstream", "tutorial"): 300_000,
         ("wordcount", "pyspark.streaming", "tutorial"): None,

@@ -14,10 +14,11 @@ import time
 from collections import Counter
 from typing import Any
 
-from dstream import StreamingContext, textgen
-from dstream.checkpoint import CheckpointDir
-from dstream.clock import ManualClock
-from dstream.rate import PIDRateEstimator, RateController
+from dstream import StreamingContext
+from dstream.runtime.backpressure import PIDRateEstimator, RateController
+from dstream.runtime.checkpoint import CheckpointDir
+from dstream.runtime.clock import ManualClock
+from dstream.worker import textgen
 from streams import BATCH_TIMEOUT_S
 
 SEED, BYTES, RATE = 3, 40, 50

@@ -7,7 +7,7 @@ import operator
 from collections import Counter
 
 import pytest
-from dstream import combine
+from dstream.worker import combine
 from pyspark.serializers import CPickleSerializer
 from pyspark.shuffle import Aggregator
 

@@ -1,4 +1,4 @@
-"""Durable batch reductions (dstream/durable.py): the part format, its torn-file detection, and
+"""Durable batch reductions (dstream/runtime/durable.py): the part format, its torn-file detection, and
 that a window's batches are written by the batch's own output job."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from dstream import StreamingContext, durable
-from dstream.checkpoint import CheckpointWriteError, TornFileError
-from dstream.clock import ManualClock
+from dstream import StreamingContext
+from dstream.runtime import durable
+from dstream.runtime.checkpoint import CheckpointWriteError, TornFileError
+from dstream.runtime.clock import ManualClock
 from streams import manual_context, run_batches
 
 RECORDS = [(f"k{i}", i) for i in range(2_500)] + [(("tuple", "key"), [1.5, None])]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from dstream.failure import FailurePolicy
-from dstream.job import spark_conf
+from dstream.runtime.failure import FailurePolicy
+from dstream.service.job import spark_conf
 from dstream.spec import parse_job
 from pyspark import SparkConf
 from test_spec import WORDCOUNT, with_change

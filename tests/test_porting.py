@@ -17,7 +17,7 @@ from typing import Any
 
 import dstream
 import pytest
-from dstream.failure import FailurePolicy
+from dstream.runtime.failure import FailurePolicy
 from streams import final_failure, manual_context, run_batches
 
 ROOT = Path(__file__).parent.parent

@@ -1,5 +1,5 @@
 """dstream's Python worker daemon: Spark starts it, it reads a task's bytes unchanged with Nagle's
-algorithm off, and its workers' garbage collections skip long-lived objects (see dstream.pydaemon
+algorithm off, and its workers' garbage collections skip long-lived objects (see dstream.worker.pydaemon
 for what each removes from every task)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 import types
 
 import pytest
-from dstream import pydaemon
+from dstream.worker import pydaemon
 
 
 def _parent_command(_partition):
@@ -23,9 +23,9 @@ def _parent_command(_partition):
 @pytest.mark.skipif(not os.path.exists("/proc/self/cmdline"), reason="needs /proc (Linux)")
 def test_spark_runs_tasks_under_the_dstream_daemon(sc):
     """The session's SparkContext has dstream's settings, as `dstream run` has."""
-    assert sc.getConf().get("spark.python.daemon.module") == "dstream.pydaemon"
+    assert sc.getConf().get("spark.python.daemon.module") == "dstream.worker.pydaemon"
     parents = sc.parallelize(range(4), 4).mapPartitions(_parent_command).collect()
-    assert all("-m dstream.pydaemon" in command for command in parents), parents
+    assert all("-m dstream.worker.pydaemon" in command for command in parents), parents
     assert sc.parallelize(range(1000), 4).map(lambda x: x * 2).sum() == 999_000
 
 

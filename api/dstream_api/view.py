@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from dstream.metrics import recovery_counts
-from dstream.pools import QUERIES, use_pool
+from dstream.runtime.pools import QUERIES, use_pool
+from dstream.runtime.recovery import recovery_counts
 
 from dstream_api.models import (
     Batch,
@@ -27,8 +27,8 @@ from dstream_api.models import (
 
 if TYPE_CHECKING:
     from dstream.dstream import DStream
-    from dstream.job import JobRuntime
-    from dstream.scheduler import BatchInfo
+    from dstream.runtime.scheduler import BatchInfo
+    from dstream.service.job import JobRuntime
     from prometheus_client import CollectorRegistry
     from pyspark import RDD
 
@@ -156,7 +156,7 @@ class RuntimeView:
     def status(self) -> Status:
         runtime = self._runtime
         scheduler = runtime.scheduler
-        sources = runtime.ssc._graph.inputs
+        sources = runtime.ssc.input_streams
         history = self._history()
         rate_limit: dict[str, float | None] = {source.name: None for source in sources}
         backlog: dict[str, int | None] = {source.name: None for source in sources}
@@ -173,7 +173,7 @@ class RuntimeView:
             rate_limit=rate_limit,
             pending_batches=scheduler.pending_batches() if scheduler is not None else 0,
             backlog=backlog,
-            recoveries=recovery_counts(scheduler) if scheduler is not None else {},
+            recoveries=recovery_counts(scheduler.recovery) if scheduler is not None else {},
         )
 
     def readiness(self) -> tuple[bool, str]:
@@ -215,8 +215,8 @@ class RuntimeView:
             summaries.append(
                 StreamSummary(
                     name=name,
-                    slide_seconds=stream._slide_ms / 1000,
-                    retain_seconds=stream._remember_ms / 1000,
+                    slide_seconds=stream.slide_ms / 1000,
+                    retain_seconds=stream.remember_ms / 1000,
                     retained_batches=len(times),
                     oldest=utc(times[0]) if times else None,
                     newest=utc(times[-1]) if times else None,
@@ -265,7 +265,7 @@ class RuntimeView:
 
 def query_partitions(sc: Any) -> int:
     """At most half the task slots: a query's tasks then never hold every slot, and the
-    stream's next tasks start at once (the FAIR pools, dstream/pools.py, give them the free
+    stream's next tasks start at once (the FAIR pools, dstream/runtime/pools.py, give them the free
     ones first), while the query still runs in parallel on a larger cluster."""
     return max(1, sc.defaultParallelism // 2)
 

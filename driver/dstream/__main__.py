@@ -2,6 +2,6 @@
 
 import sys
 
-from dstream.cli import main
+from dstream.service.cli import main
 
 sys.exit(main())

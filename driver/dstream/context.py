@@ -18,23 +18,21 @@ from typing import Any, ClassVar
 from pyspark import RDD, SparkConf, SparkContext
 from pyspark.serializers import CloudPickleSerializer
 
-from dstream.checkpoint import (
+from dstream.dstream import DStream, MultiTransformedDStream, UnionDStream
+from dstream.runtime.backpressure import PIDRateEstimator, RateController
+from dstream.runtime.checkpoint import (
     METADATA_VERSION,
     CheckpointDir,
     CheckpointMismatchError,
     move_checkpoint_aside,
 )
-from dstream.clock import ManualClock, SystemClock
-from dstream.connectors.files import FileInputDStream
-from dstream.connectors.rate import RateInputDStream
-from dstream.dstream import DStream, MultiTransformedDStream, UnionDStream
-from dstream.failure import FailurePolicy
-from dstream.graph import DStreamGraph
-from dstream.rate import PIDRateEstimator, RateController
-from dstream.scheduler import BatchScheduler
-from dstream.shipping import ship_to_workers
-from dstream.sources import QueueInputDStream
-from dstream.timeutil import duration_to_ms
+from dstream.runtime.clock import ManualClock, SystemClock
+from dstream.runtime.failure import FailurePolicy
+from dstream.runtime.graph import DStreamGraph
+from dstream.runtime.scheduler import BatchScheduler
+from dstream.runtime.shipping import ship_to_workers
+from dstream.runtime.timeutil import duration_to_ms
+from dstream.sources import FileInputDStream, InputDStream, QueueInputDStream, RateInputDStream
 
 log = logging.getLogger(__name__)
 # Settings that describe the process that wrote a checkpoint, not the program: a SparkContext
@@ -168,6 +166,28 @@ class StreamingContext:
     @property
     def sparkContext(self) -> SparkContext:
         return self._sc
+
+    # -- read-only views for the job service, metrics and the HTTP API ---------------------
+
+    @property
+    def input_streams(self) -> list[InputDStream]:
+        """The graph's input streams, in the order they were created."""
+        return list(self._graph.inputs)
+
+    @property
+    def all_streams(self) -> list[DStream]:
+        """Every stream of the graph, in the order they were created."""
+        return list(self._graph.streams)
+
+    @property
+    def stateful_streams(self) -> list[DStream]:
+        """The streams whose RDDs are checkpointed (state, reduced windows, checkpoint())."""
+        return self._graph.stateful_streams()
+
+    @property
+    def scheduler(self) -> BatchScheduler | None:
+        """The batch scheduler, once start() has created it."""
+        return self._scheduler
 
     # -- configuration --------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import operator
 import sys
 import threading
@@ -22,9 +23,10 @@ from pyspark import RDD, StorageLevel
 from pyspark.rdd import portable_hash
 from pyspark.resultiterable import ResultIterable
 
-from dstream import combine
-from dstream.graph import attached, detached
-from dstream.timeutil import datetime_of, duration_to_ms, time_to_ms
+from dstream.runtime.checkpoint_data import CheckpointData
+from dstream.runtime.graph import attached, detached
+from dstream.runtime.timeutil import datetime_of, duration_to_ms, time_to_ms
+from dstream.worker import combine
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext
@@ -70,9 +72,6 @@ def _creation_site() -> str:
 class DStream:
     """A discretized stream. Subclasses implement `compute(time_ms)`."""
 
-    # Set by a reduced window over this stream (windows.py): when > 0 and the job has a
-    # checkpoint path, every RDD is written to reliable storage and the newest this many stay.
-    _durable_batches = 0
     _UNPICKLED: tuple[str, ...] = _DRIVER_HANDLES
 
     def __init__(self, ssc: StreamingContext, parents: list[DStream], slide_ms: int | None = None):
@@ -84,7 +83,7 @@ class DStream:
         self._lock = threading.RLock()
         self._storage_level: StorageLevel | None = None
         self._checkpoint_ms: int | None = None
-        self._must_checkpoint = False
+        self.checkpoint_data = CheckpointData()
         self._remember_ms = 0
         self.is_cached = False
         self.is_checkpointed = False
@@ -121,6 +120,29 @@ class DStream:
 
     def context(self) -> StreamingContext:
         return self._ssc
+
+    # -- read-only views for metrics and the HTTP API --------------------------------------
+
+    @property
+    def index(self) -> int:
+        """The stream's position in its graph (stable across restarts of the same program)."""
+        return self._index
+
+    @property
+    def slide_ms(self) -> int:
+        return self._slide_ms
+
+    @property
+    def remember_ms(self) -> int:
+        """How long the stream keeps its RDDs after their batch (settled by start())."""
+        return self._remember_ms
+
+    def retained(self, from_ms: float = -math.inf, to_ms: float = math.inf) -> dict[int, RDD]:
+        """The RDDs the stream holds now for batch times in [from_ms, to_ms], by time: a
+        snapshot taken under the stream's lock, so a batch finishing meanwhile cannot change
+        it. Nothing is computed."""
+        with self._lock:
+            return {t: rdd for t, rdd in self._generated.items() if from_ms <= t <= to_ms}
 
     def compute(self, time_ms: int) -> RDD | None:
         raise NotImplementedError
@@ -164,18 +186,13 @@ class DStream:
         """The RDD the stream keeps for `time_ms`: persisted, and written as a durable batch
         or marked for a state checkpoint when one is due."""
         graph = self._ssc._graph
-        if self._durable_batches and graph.checkpoint_path is not None:
+        if self.checkpoint_data.durable_batches and graph.checkpoint_path is not None:
             rdd = graph.write_durably(self, rdd, time_ms)
         elif self._checkpoint_ms and (time_ms - graph.zero_ms) % self._checkpoint_ms == 0:
             graph.mark_for_checkpoint(self, rdd, time_ms)
         if self._storage_level is not None and not rdd.is_cached:
             rdd.persist(self._storage_level)
         return rdd
-
-    def _checkpoints_kept(self) -> int:
-        """How many of its newest checkpoints stay in force: two for state (if the newest is
-        torn, the older serves), or every batch a restarted window may still subtract."""
-        return max(2, self._durable_batches)
 
     def _restore(self, time_ms: int, rdd: RDD) -> None:
         """Seed the cache with a recovered RDD (a state checkpoint) so lineage starts there."""
@@ -186,7 +203,7 @@ class DStream:
 
     def _initialize(self) -> None:
         """Settle checkpoint interval and remember span before the first batch (as Spark does)."""
-        if self._must_checkpoint and self._checkpoint_ms is None:
+        if self.checkpoint_data.required and self._checkpoint_ms is None:
             self._checkpoint_ms = self._slide_ms * -(-10_000 // self._slide_ms)
         minimum = 2 * self._checkpoint_ms if self._checkpoint_ms else self._slide_ms
         self._remember(minimum)
@@ -238,7 +255,11 @@ class DStream:
     def transformWith(
         self, func: Callable[..., RDD], other: DStream, keepSerializer: bool = False
     ) -> DStream:
-        """A stream of func(rdd_a, rdd_b) (or with time first) over two streams."""
+        """A stream of func(rdd_a, rdd_b) (or with time first) over two streams.
+
+        `keepSerializer` is accepted for pyspark.streaming's signature and ignored: there it
+        decides how func's result is serialized on its way back into a JVM DStream, while
+        dstream's streams stay Python RDDs that are never re-serialized."""
         return Transformed2DStream(self, other, _with_time(func, 2))
 
     def mapPartitionsWithIndex(
@@ -384,7 +405,7 @@ class DStream:
 
     def saveAsTextFiles(self, prefix: str, suffix: str | None = None) -> None:
         """Each batch to `prefix-<ms>[.suffix]`, replaced atomically when a batch is re-run."""
-        from dstream.sinks import save_text_atomically, text_file_name
+        from dstream.runtime.output import save_text_atomically, text_file_name
 
         def save(time: datetime, rdd: RDD) -> None:
             save_text_atomically(rdd, text_file_name(prefix, suffix, time))

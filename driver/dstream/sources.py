@@ -4,17 +4,25 @@
 (rate: offsets per partition; files: the exact file list; redis: entry IDs per stream) that goes
 into the batch log before the batch runs; `compute(time)` turns the recorded range into an RDD
 whose tasks read the records. A restarted driver feeds the same recorded ranges back, so a re-run
-batch reads the same input. The concrete sources live in `dstream.connectors`; this module holds
-what every source shares and the in-memory `queueStream`.
+batch reads the same input. This module holds what every source shares and the generic input streams
+that StreamingContext creates itself (`queueStream`, `textFileStream`/`fileStream`,
+`rateStream`); the connectors (`dstream.connectors`) build these, or their own brokers' streams,
+from a job spec's `source` block.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pyspark import RDD
+from pyspark import RDD, Accumulator
 
 from dstream.dstream import DStream
+from dstream.runtime.checkpoint import write_atomically
+from dstream.worker import textgen
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext
@@ -33,8 +41,6 @@ class NotRestorableError(RuntimeError):
 class InputDStream(DStream):
     """A stream with no parents whose RDD for a time comes from that time's planned range."""
 
-    replayable = True
-
     def __init__(self, ssc: StreamingContext, name: str):
         super().__init__(ssc, [], ssc._graph.batch_ms)
         self.name = name
@@ -43,6 +49,10 @@ class InputDStream(DStream):
 
     def signature(self) -> dict[str, Any]:
         return {**super().signature(), "name": self.name}
+
+    def _deadletter_dir(self, time_ms: int) -> str:
+        """The directory for the malformed records of the batch at time_ms (DStreamGraph's)."""
+        return self._ssc._graph.deadletter_dir(time_ms)
 
     def plan(self, time_ms: int, max_records: int | None) -> Any:
         """Decide (and remember) the input of the batch at time_ms: at most max_records."""
@@ -100,7 +110,6 @@ class QueueInputDStream(InputDStream):
     driver into the checkpoint, and could not be replayed anyway. A program reading one runs with
     a checkpoint, but getOrCreate restores it only by running its setup again (rebuild=True)."""
 
-    replayable = False
     _UNPICKLED = (*InputDStream._UNPICKLED, "_queue", "_default", "_planned_rdds")
 
     def __init__(
@@ -156,3 +165,228 @@ def split_budget(waiting: list[int], budget: int | None) -> list[int]:
     for i in by_remainder[:leftover]:
         shares[i] += 1
     return shares
+
+
+MIN_RANGE_BYTES = 64 * 1024
+
+
+class FileInputDStream(InputDStream):
+    """New files in a directory, in name order (names starting with '.' or '_' are ignored).
+
+    The source remembers every file it handed out (in the batch log), so a restart neither
+    re-reads nor skips a file; files that left the directory are forgotten, which bounds that
+    memory. Writers should write under a hidden name and rename into place: a file is read as it
+    is when its batch runs. With format 'json', each line must be a JSON document; a malformed
+    line is counted (`malformed_records`), written with its file and line number to the
+    dead-letter directory, and skipped. Text files are read in byte ranges of about an equal
+    share of the batch per core, so that a batch of one large file uses every core; a JSON file
+    is read by one task (its dead-letter entries number its lines).
+    """
+
+    def __init__(
+        self,
+        ssc: StreamingContext,
+        directory: str,
+        format: str = "text",
+        new_files_only: bool = False,
+        name: str = "files",
+        bytes_per_record: int = 100,
+    ):
+        super().__init__(ssc, name)
+        self.directory = Path(directory)
+        self.format = format
+        self._seen: set[str] = set()
+        self._bytes_per_record = bytes_per_record
+        self._malformed = ssc.sparkContext.accumulator(0)
+        if new_files_only:
+            self._seen.update(self._listing())
+
+    @property
+    def malformed_records(self) -> int:
+        """Malformed JSON lines met by this driver's batches (a re-run batch counts again)."""
+        return self._malformed.value
+
+    def signature(self) -> dict[str, Any]:
+        return {**super().signature(), "format": self.format}
+
+    def _listing(self) -> list[str]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(
+            entry.name
+            for entry in os.scandir(self.directory)
+            if entry.is_file() and not entry.name.startswith((".", "_"))
+        )
+
+    def _estimate(self, name: str) -> int:
+        try:
+            size = (self.directory / name).stat().st_size
+        except FileNotFoundError:
+            return 0
+        return max(1, size // self._bytes_per_record)
+
+    def backlog(self, now_ms: int) -> int:
+        return sum(self._estimate(n) for n in self._listing() if n not in self._seen)
+
+    def _next_range(self, time_ms: int, max_records: int | None) -> Any:
+        chosen: list[str] = []
+        admitted = 0
+        listing = self._listing()
+        if listing:  # an empty listing may be a directory briefly missing, not one emptied
+            self._seen.intersection_update(listing)
+        for name in listing:
+            if name in self._seen:
+                continue
+            estimate = self._estimate(name)
+            if chosen and max_records is not None and admitted + estimate > max_records:
+                break
+            chosen.append(name)
+            admitted += estimate
+        self._advance_past({"files": chosen})
+        return {"files": chosen, "records": admitted}
+
+    def _advance_past(self, planned: Any) -> None:
+        self._seen.update(planned["files"])
+
+    def position(self) -> Any:
+        return {"seen": sorted(self._seen)}
+
+    def restore_position(self, position: Any) -> None:
+        """The recorded set replaces the listing taken at construction (textFileStream's files
+        present at start): files that arrived while the driver was down are new, not old."""
+        if position:
+            self._seen = set(position["seen"])
+
+    def records_in(self, planned: Any) -> int:
+        return int(planned.get("records", 0))
+
+    def _read(self, time_ms: int, planned: Any) -> RDD:
+        files = [str(self.directory / name) for name in planned["files"]]
+        if not files:
+            return self._sc.emptyRDD()
+        if self.format == "text":
+            ranges = byte_ranges(files, self._sc.defaultParallelism)
+            return self._sc.parallelize(ranges, len(ranges)).flatMap(_lines_in_range)
+        deadletter = self._deadletter_dir(time_ms)
+        malformed = self._malformed
+        return self._sc.parallelize(files, len(files)).flatMap(
+            lambda path: _read_json_lines(path, deadletter, malformed)
+        )
+
+
+def byte_ranges(paths: list[str], cores: int) -> list[tuple[str, int, int]]:
+    """(path, start, end): the files cut into byte ranges of about an equal share of the
+    batch's bytes per core (never under MIN_RANGE_BYTES), so that a batch of fewer large files
+    than cores still keeps every core busy. The files are complete (renamed into place) and a
+    line is read by the range holding its first byte, so a replayed batch reads the same lines
+    however it cuts them (with another core count, say)."""
+    sizes = [os.path.getsize(path) for path in paths]
+    share = max(MIN_RANGE_BYTES, -(-sum(sizes) // cores))
+    ranges = []
+    for path, size in zip(paths, sizes, strict=True):
+        pieces = max(1, -(-size // share))
+        cuts = [size * i // pieces for i in range(pieces + 1)]
+        ranges += [(path, cuts[i], cuts[i + 1]) for i in range(pieces)]
+    return ranges
+
+
+def _lines_in_range(path_start_end: tuple[str, int, int]) -> Iterator[str]:
+    """The lines that begin in bytes [start, end) of the file, without their line ends (\\n,
+    \\r\\n or \\r, as Python's text mode and Hadoop's line reader end lines). A run of lines
+    ended by \\r belongs with the \\n-ended line it is part of to the range holding its first
+    byte, so ranges that tile a file read each of its lines once, wherever the cuts fall."""
+    path, start, end = path_start_end
+    with open(path, "rb") as lines:
+        if start:
+            lines.seek(start - 1)
+            lines.readline()  # the rest of a line that began before start
+        position = lines.tell()
+        for line in lines:
+            if position >= end:
+                break
+            position += len(line)
+            line = line.removesuffix(b"\n").removesuffix(b"\r")
+            if b"\r" in line:
+                yield from (part.decode("utf-8", errors="replace") for part in line.split(b"\r"))
+            else:
+                yield line.decode("utf-8", errors="replace")
+
+
+def _read_json_lines(path: str, deadletter: str | None, counter: Accumulator[int]) -> Iterator[Any]:
+    """Parsed JSON lines; malformed ones are counted and go to `<deadletter>/<file>.jsonl`
+    (idempotent per batch)."""
+    malformed = []
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except ValueError as error:
+                malformed.append(
+                    {"file": path, "line": number, "error": str(error), "record": line.rstrip("\n")}
+                )
+    if malformed:
+        counter.add(len(malformed))
+    if malformed and deadletter is not None:
+        body = "".join(json.dumps(m) + "\n" for m in malformed).encode()
+        write_atomically(Path(deadletter) / f"{Path(path).name}.jsonl", body)
+
+
+class RateInputDStream(InputDStream):
+    """Deterministic text lines arriving at records_per_second, spread over partitions.
+
+    Records are addressed by (partition, offset); offset n of a partition becomes available at
+    zero time + n * partitions / rate, so the input is a pure function of time and replays exactly.
+    """
+
+    def __init__(
+        self,
+        ssc: StreamingContext,
+        records_per_second: int,
+        partitions: int = 2,
+        seed: int = 0,
+        record_bytes: int = 100,
+        name: str = "rate",
+    ):
+        super().__init__(ssc, name)
+        self.records_per_second = records_per_second
+        self.partitions = partitions
+        self.seed = seed
+        self.record_bytes = record_bytes
+        self._next = [0] * partitions
+
+    def signature(self) -> dict[str, Any]:
+        return {**super().signature(), "partitions": self.partitions, "seed": self.seed}
+
+    def _available(self, time_ms: int) -> list[int]:
+        elapsed = max(0, time_ms - self._ssc._graph.zero_ms)
+        total = self.records_per_second * elapsed // 1000
+        base, extra = divmod(total, self.partitions)
+        return [base + (1 if p < extra else 0) for p in range(self.partitions)]
+
+    def backlog(self, now_ms: int) -> int:
+        return sum(max(0, a - n) for a, n in zip(self._available(now_ms), self._next, strict=True))
+
+    def _next_range(self, time_ms: int, max_records: int | None) -> Any:
+        waiting = [max(0, a - n) for a, n in zip(self._available(time_ms), self._next, strict=True)]
+        admitted = split_budget(waiting, max_records)
+        planned = [[n, n + k] for n, k in zip(self._next, admitted, strict=True)]
+        self._advance_past(planned)
+        return planned
+
+    def _advance_past(self, planned: Any) -> None:
+        self._next = [max(n, end) for n, (_start, end) in zip(self._next, planned, strict=True)]
+
+    def records_in(self, planned: Any) -> int:
+        return sum(end - start for start, end in planned)
+
+    def _read(self, time_ms: int, planned: Any) -> RDD:
+        seed, size = self.seed, self.record_bytes
+        slices = [(p, start, end) for p, (start, end) in enumerate(planned)]
+
+        def generate(split: int, items: Iterator[tuple[int, int, int]]) -> Iterator[str]:
+            for partition, start, end in items:
+                yield from textgen.lines(seed, size, partition, start, end)
+
+        return self._sc.parallelize(slices, len(slices)).mapPartitionsWithIndex(generate)

@@ -124,6 +124,12 @@ class App(SpecModel):
         assert self.builtin is not None
         return BUILTIN_ARGS[self.builtin].model_validate(self.args)
 
+    @property
+    def counts(self) -> bool:
+        """Whether the app is a built-in whose output is (key, count) pairs: the console sink
+        shows those largest first (it sits below the apps, so it reads this here)."""
+        return self.builtin in ("wordcount", "topk", "sessions")
+
 
 class RateSource(SpecModel):
     """Deterministic text lines: the same offsets always yield the same records."""

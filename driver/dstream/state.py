@@ -13,7 +13,7 @@ from typing import Any
 from pyspark import RDD, StorageLevel
 
 from dstream.dstream import DStream
-from dstream.timeutil import duration_to_ms
+from dstream.runtime.timeutil import duration_to_ms
 
 
 class StateDStream(DStream):
@@ -30,7 +30,7 @@ class StateDStream(DStream):
         self._partitions = num_partitions or parent._sc.defaultParallelism
         self._initial = initial
         super().__init__(parent._ssc, [parent])
-        self._must_checkpoint = True
+        self.checkpoint_data.require(self._partitions)
         self.persist(StorageLevel.MEMORY_ONLY)
 
     def compute(self, time_ms: int) -> RDD | None:
@@ -69,7 +69,7 @@ class TrackedDStream(DStream):
         self._timeout_ms = duration_to_ms(timeout) if timeout is not None else None
         self._partitions = num_partitions or parent._sc.defaultParallelism
         super().__init__(parent._ssc, [parent])
-        self._must_checkpoint = True
+        self.checkpoint_data.require(self._partitions)
         self.persist(StorageLevel.MEMORY_ONLY)
 
     def signature(self) -> dict[str, Any]:

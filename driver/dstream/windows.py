@@ -14,9 +14,9 @@ from typing import Any
 from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner, portable_hash
 
-from dstream import combine
 from dstream.dstream import DStream
-from dstream.timeutil import duration_to_ms
+from dstream.runtime.timeutil import duration_to_ms
+from dstream.worker import combine
 
 
 class WindowedDStream(DStream):
@@ -61,7 +61,7 @@ class ReducedWindowedDStream(DStream):
         self._partitions = num_partitions
         self._filter = filter_func
         super().__init__(reduced._ssc, [reduced], slide_ms)
-        self._must_checkpoint = True
+        self.checkpoint_data.require(num_partitions)
         self.persist(StorageLevel.MEMORY_ONLY)
         if reduced._storage_level is None:
             reduced.persist(StorageLevel.MEMORY_ONLY)
@@ -78,14 +78,14 @@ class ReducedWindowedDStream(DStream):
         the batches leaving it: were those lost with the old driver's cache, each would be
         recomputed from its source (read and reduced again), doubling the work of every batch
         for one window length after a restart. A batch's reduction holds at most one record
-        per key; writing it is a small second job per batch. The parent's partitioner is
+        per key, and the tasks that compute it for the batch's output write it as they go
+        (dstream.runtime.durable): no second job per batch. The parent's partitioner is
         restored with them."""
         super()._initialize()
         parent = self._parents[0]
         assert self._checkpoint_ms is not None  # settled by super(): the window is stateful
         span_ms = self._window_ms + 2 * self._checkpoint_ms
-        parent._durable_batches = max(parent._durable_batches, span_ms // parent._slide_ms + 1)
-        parent._partitions = self._partitions
+        parent.checkpoint_data.keep_durable(span_ms // parent._slide_ms + 1, self._partitions)
 
     def _batches(self, rdds: list[RDD]) -> RDD:
         """The parent's RDDs of some batches as one RDD reduced by key into this stream's

@@ -1,6 +1,6 @@
 """The committed output against a fault-free reference computed from the same input.
 
-The rate source's records are a pure function of (seed, partition, offset) (`dstream.textgen`),
+The rate source's records are a pure function of (seed, partition, offset) (`dstream.worker.textgen`),
 and the checkpoint recorded each batch's offsets, so the reference needs no second run:
 - committed batch times follow each other by one interval, except where a batch lists the times
   between it and its predecessor as coalesced (backpressure merged late times into it);
@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from dstream import textgen
+from dstream.worker import textgen
 
 from e2e.chaos.observer import Snapshot
 

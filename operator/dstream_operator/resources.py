@@ -443,7 +443,7 @@ def driver_pod(
         "name": "driver",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": ["python", "-m", "dstream.driver"],
+        "command": ["python", "-m", "dstream.service.driver"],
         "args": driver_args(job, owner, driver_host, api_server),
         "env": [
             _field_env("POD_IP", "status.podIP"),

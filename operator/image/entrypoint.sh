@@ -2,7 +2,7 @@
 # Entrypoint of the dstream image. Spark on Kubernetes starts executor pods from this image with
 # the single argument `executor` and describes the executor in SPARK_* variables; this starts
 # the executor JVM the way Spark's own image does (apache/spark-docker entrypoint.sh). Anything
-# else (the operator, `python -m dstream.driver`, `dstream run`) runs as given.
+# else (the operator, `python -m dstream.service.driver`, `dstream run`) runs as given.
 set -eo pipefail
 
 if [ -z "${JAVA_HOME:-}" ]; then

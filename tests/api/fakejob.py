@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import Counter as Tally
 from typing import Any
 
-from dstream.metrics import RECOVERY_KINDS
-from dstream.scheduler import BatchInfo
+from dstream.runtime.recovery import RECOVERY_KINDS
+from dstream.runtime.scheduler import BatchInfo
 from dstream_api.models import Batch, SliceResult, Status, StreamSummary, TopEntry
 from dstream_api.view import (
     QueryFailedError,

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from dstream.metrics import RECOVERY_KINDS, StreamingMetrics
-from dstream.rate import PIDRateEstimator, RateController
-from dstream.scheduler import BatchEvent, BatchInfo
+from dstream.runtime.backpressure import PIDRateEstimator, RateController
+from dstream.runtime.recovery import RECOVERY_KINDS
+from dstream.runtime.scheduler import BatchEvent, BatchInfo
+from dstream.service.metrics import StreamingMetrics
 from streams import manual_context, run_batches
 
 JOB = "metricsjob"

@@ -12,8 +12,8 @@ import uuid
 import nats
 import pytest
 from dstream import StreamingContext
-from dstream.clock import ManualClock
 from dstream.connectors.nats import NatsInputDStream, subject_matches
+from dstream.runtime.clock import ManualClock
 from dstream.sources import SourceError
 from dstream.spec import password_env
 from servers import NatsServer

@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 import pytest
 from dstream.connectors.postgres import COMMIT_TABLE, PostgresSink, TableMismatchError
-from dstream.failure import FailurePolicy
-from dstream.job import build_context
+from dstream.runtime.failure import FailurePolicy
+from dstream.service.job import build_context
 from dstream.spec import PostgresSink as PostgresSettings
 from dstream.spec import StreamingJob, parse_job, password_env
 from postgres_server import SECRET_PASSWORD, SECRET_ROLE, PostgresServer, running_postgres

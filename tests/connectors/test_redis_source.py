@@ -15,9 +15,9 @@ import pytest
 import redis
 import yaml
 from dstream import StreamingContext
-from dstream.clock import ManualClock
 from dstream.connectors.redis import RedisInputDStream, retries_within
-from dstream.metrics import StreamingMetrics
+from dstream.runtime.clock import ManualClock
+from dstream.service.metrics import StreamingMetrics
 from dstream.sources import SourceError
 from dstream.spec import password_env
 from streams import run_batches

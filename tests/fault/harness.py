@@ -4,7 +4,7 @@ A `Driver` is one `dstream run` in its own process group (the Python driver, its
 the Python workers), so a test can SIGKILL all of it at once, like a lost pod, or only the Python
 process, and never leaves a JVM behind. The reference output is computed without the engine:
 with backpressure off, batch k of a rate source holds exactly the offsets that became available
-in ((k-1)B, kB], so every batch's expected word counts are known in advance (`dstream.textgen`
+in ((k-1)B, kB], so every batch's expected word counts are known in advance (`dstream.worker.textgen`
 gives the lines); for input arriving from outside, a batch's input is the range its record in
 the batch log names (`BatchLogWatch`), read back from the input itself. `judge` compares every
 committed batch with its input's word counts either way.
@@ -30,7 +30,7 @@ from typing import Any, Self
 
 import pytest
 import yaml
-from dstream import textgen
+from dstream.worker import textgen
 
 FAULT_DIR = Path(__file__).resolve().parent
 # The JVMs of these drivers (and of their local-cluster executors) live seconds to a minute and
@@ -536,9 +536,9 @@ class InProcessJob:
         was not made from the spec, so the spec's failurePolicy is handed to the scheduler
         here: it governs every batch the clock brings (a batch replayed at start, which runs
         at once, may begin under the default policy)."""
-        from dstream.clock import ManualClock
-        from dstream.failure import FailurePolicy
-        from dstream.job import build_context
+        from dstream.runtime.clock import ManualClock
+        from dstream.runtime.failure import FailurePolicy
+        from dstream.service.job import build_context
         from dstream.spec import load_job
 
         spec = load_job(self.job.manifest)

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 from dstream import StreamingContext
-from dstream.checkpoint import CheckpointDir, CheckpointUnrecoverableError
-from dstream.clock import ManualClock
-from dstream.failure import FailurePolicy
-from dstream.timeutil import time_to_ms
-from harness import InProcessJob, RateJob, fault_rng, truncate_at_random_byte, verify
+from dstream.runtime.checkpoint import CheckpointDir, CheckpointUnrecoverableError
+from dstream.runtime.clock import ManualClock
+from dstream.runtime.failure import FailurePolicy
+from dstream.runtime.timeutil import time_to_ms
+from fault.harness import InProcessJob, RateJob, fault_rng, truncate_at_random_byte, verify
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ def delete_first_part(path: str) -> None:
 
 def durable_stream(ssc: Any) -> Any:
     """The stream whose every batch is written: the incremental window's per-batch counts."""
-    (stream,) = [s for s in ssc._graph.streams if s._durable_batches]
+    (stream,) = [s for s in ssc._graph.streams if s.checkpoint_data.durable_batches]
     return stream
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from dstream import StreamingContext
-from dstream.clock import ManualClock
-from dstream.timeutil import time_to_ms
+from dstream.runtime.clock import ManualClock
+from dstream.runtime.timeutil import time_to_ms
 
 BATCH_TIMEOUT_S = 120
 
@@ -118,7 +118,7 @@ def test_byte_ranges_read_every_line_once_wherever_the_cuts_fall(tmp_path):
     """A text file is read in byte ranges (so one large file uses every core); each line goes to
     the range holding its first byte, including \\r\\n and lone \\r line ends, multi-byte
     characters and a last line without an end."""
-    from dstream.connectors.files import _lines_in_range
+    from dstream.sources import _lines_in_range
 
     path = tmp_path / "mixed.txt"
     path.write_bytes(
@@ -138,7 +138,7 @@ def test_byte_ranges_read_every_line_once_wherever_the_cuts_fall(tmp_path):
 
 
 def test_a_batch_of_fewer_large_files_than_cores_is_cut_into_a_range_per_core(tmp_path):
-    from dstream.connectors.files import MIN_RANGE_BYTES, byte_ranges
+    from dstream.sources import MIN_RANGE_BYTES, byte_ranges
 
     big, small = tmp_path / "big", tmp_path / "small"
     big.write_bytes(b"x" * (4 * MIN_RANGE_BYTES - 1) + b"\n")

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from dstream.checkpoint import CheckpointDir
+from dstream.runtime.checkpoint import CheckpointDir
 from harness import Driver, RateJob, batch_dirs, read_batch, wait_until, word_counts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -4,7 +4,7 @@ change it."""
 
 from __future__ import annotations
 
-from dstream.job import spark_conf
+from dstream.service.job import spark_conf
 from dstream.spec import parse_job
 
 

@@ -55,7 +55,7 @@ import psycopg
 import pyspark
 import pytest
 import redis
-from dstream import textgen
+from dstream.worker import textgen
 from harness import (
     BatchLogWatch,
     BatchOutput,

@@ -50,7 +50,7 @@ async def test_create_sets_up_children_and_driver(operator):
         assert child is not None, (resource, name)
         assert child["metadata"]["ownerReferences"][0]["uid"] == "uid-wc"
         assert child["metadata"]["labels"]["dstream.dev/job"] == "wc"
-    assert pod["spec"]["containers"][0]["command"] == ["python", "-m", "dstream.driver"]
+    assert pod["spec"]["containers"][0]["command"] == ["python", "-m", "dstream.service.driver"]
     status = await wait_for(lambda: status_of(operator).get("driverPod") and status_of(operator))
     assert status["phase"] == "Pending"  # not scheduled yet
     assert status["executors"] == {"ready": 0, "desired": 2}

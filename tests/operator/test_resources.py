@@ -83,7 +83,7 @@ def test_config_map_holds_a_manifest_the_driver_can_load():
 def test_driver_pod_runs_the_driver_cli_contract():
     pod = resources.driver_pod(job(), OWNER, "service")
     container = pod["spec"]["containers"][0]
-    assert container["command"] == ["python", "-m", "dstream.driver"]
+    assert container["command"] == ["python", "-m", "dstream.service.driver"]
     assert container["args"][:5] == [
         "/etc/dstream/job.yaml",
         "--port",
@@ -249,7 +249,7 @@ def test_driver_command_passes_the_drivers_own_checks(tmp_path, monkeypatch):
     """The driver parses the pod's arguments, and its API may listen on every interface
     because the pod's environment names a token file (the ServiceAccount token, here a stand-in
     file)."""
-    from dstream.cli import add_run_arguments
+    from dstream.service.cli import add_run_arguments
     from dstream_api.auth import refuse_open_to_network
 
     container = resources.driver_pod(job(), OWNER, "service")["spec"]["containers"][0]

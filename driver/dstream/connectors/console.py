@@ -7,8 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
 
-from dstream.apps import COUNTING
-
 if TYPE_CHECKING:
     from dstream.spec import StreamingJob
 
@@ -39,4 +37,4 @@ def _show(record: Any) -> str:
 def console_sink(job: StreamingJob, output: int = 0) -> ConsoleSink:
     console = job.spec.sink.console
     num = console.num if console else 10
-    return ConsoleSink(num, largest_first=job.spec.app.builtin in COUNTING)
+    return ConsoleSink(num, largest_first=job.spec.app.counts)

@@ -43,9 +43,9 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from pyspark import RDD
 
+from dstream.runtime.timeutil import time_to_ms
 from dstream.spec import PostgresSink as PostgresSettings
 from dstream.spec import password_env
-from dstream.timeutil import time_to_ms
 
 if TYPE_CHECKING:
     from dstream.spec import StreamingJob

@@ -30,7 +30,7 @@ from pyspark import RDD, Accumulator
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from dstream.checkpoint import write_atomically
+from dstream.runtime.checkpoint import write_atomically
 from dstream.sources import InputDStream, SourceError, split_budget
 from dstream.spec import password_env
 
@@ -290,7 +290,7 @@ class RedisInputDStream(InputDStream):
         if not tasks:
             return self._sc.emptyRDD()
         url, field, retry = self.url, self.field, self.retry_seconds
-        deadletter = self._ssc._graph.deadletter_dir(time_ms) if field else None
+        deadletter = self._deadletter_dir(time_ms) if field else None
         malformed = self._malformed
         return self._sc.parallelize(tasks, len(tasks)).flatMap(
             lambda task: read_range(url, *task, field, deadletter, malformed, retry)

@@ -18,8 +18,8 @@ from pathlib import Path
 from py4j.protocol import Py4JJavaError
 from pyspark import RDD
 
-from dstream.checkpoint import local_path
-from dstream.timeutil import time_to_ms
+from dstream.runtime.checkpoint import local_path
+from dstream.runtime.timeutil import time_to_ms
 
 
 class OutputWriteError(RuntimeError):

@@ -15,7 +15,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from dstream.checkpoint import CheckpointMismatchError, CheckpointUnrecoverableError
+from dstream.runtime.checkpoint import CheckpointMismatchError, CheckpointUnrecoverableError
 from dstream.spec import Checkpoint, SpecError, StreamingJob, load_job
 
 EXIT_INVALID = 2
@@ -114,8 +114,8 @@ def run_job(args: argparse.Namespace) -> int:
     refuse_open_api_or_exit(args)
     if args.checkpoint:
         job.spec.checkpoint = with_path(job.spec.checkpoint, args.checkpoint)
-    from dstream.failure import BatchFailedError
-    from dstream.job import JobRuntime, ProgressPrinter
+    from dstream.runtime.failure import BatchFailedError
+    from dstream.service.job import JobRuntime, ProgressPrinter
     from dstream.sources import SourceError
 
     try:

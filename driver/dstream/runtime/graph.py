@@ -25,8 +25,8 @@ from pyspark import RDD, Accumulator, SparkContext
 from pyspark.accumulators import AccumulatorParam
 from pyspark.serializers import CloudPickleSerializer
 
-from dstream import durable
-from dstream.checkpoint import CheckpointUnrecoverableError
+from dstream.runtime import durable
+from dstream.runtime.checkpoint import CheckpointUnrecoverableError
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext
@@ -302,10 +302,10 @@ class DStreamGraph:
         return done
 
     def keep_checkpoint(self, index: int, time_ms: int, path: str) -> None:
-        """A stream's newest checkpoints stay, as many as it keeps (DStream._checkpoints_kept)."""
+        """A stream's newest checkpoints stay, as many as it keeps (CheckpointData)."""
         kept = self.in_force.setdefault(index, [])
         kept.append((time_ms, path))
-        del kept[: -self.streams[index]._checkpoints_kept()]
+        del kept[: -self.streams[index].checkpoint_data.checkpoints_kept()]
 
     def state_paths_in_force(self) -> set[str]:
         return {path for kept in self.in_force.values() for _time, path in kept}

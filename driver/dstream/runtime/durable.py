@@ -27,7 +27,12 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from dstream.checkpoint import CheckpointWriteError, TornFileError, local_path, write_atomically
+from dstream.runtime.checkpoint import (
+    CheckpointWriteError,
+    TornFileError,
+    local_path,
+    write_atomically,
+)
 
 MAGIC = b"dstream-part\x01"
 _TRAILER = struct.Struct(">IIIQ")  # index, partitions, crc32 of the chunks, records

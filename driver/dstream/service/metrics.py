@@ -22,21 +22,21 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dstream.pools import QUERIES, use_pool
+from dstream.runtime.pools import QUERIES, use_pool
+from dstream.runtime.recovery import recovery_counts
 
 if TYPE_CHECKING:
     from pyspark import RDD
 
     from dstream.context import StreamingContext
     from dstream.dstream import DStream
-    from dstream.scheduler import BatchInfo, BatchScheduler
+    from dstream.runtime.scheduler import BatchInfo, BatchScheduler
 
 log = logging.getLogger(__name__)
 
 BATCH_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, math.inf)
 CHECKPOINT_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, math.inf)
 # What a driver restart found, as counted by dstream_recoveries_total{kind}.
-RECOVERY_KINDS = ("driver_restart", "replayed_batches", "restored_state", "torn_files")
 DEFAULT_STATE_KEYS_INTERVAL_S = 10.0
 STATE_KEYS_INTERVAL_CONF = "dstream.metrics.stateKeysIntervalSeconds"
 SAMPLER_JOB_GROUP = "dstream-state-keys"
@@ -105,7 +105,7 @@ class StreamingMetrics:
             ["job", "source"],
             registry=registry,
         )
-        for source in self._ssc._graph.inputs:
+        for source in self._ssc.input_streams:
             self.input_records.labels(job=job, source=source.name)
         self.processing = Histogram(
             "dstream_batch_processing_seconds",
@@ -214,15 +214,14 @@ class StateKeysSampler:
         registered = self._ssc.queryStreams
         yield from registered.items()
         named = {id(stream) for stream in registered.values()}
-        for stream in self._ssc._graph.stateful_streams():
+        for stream in self._ssc.stateful_streams:
             if id(stream) not in named:
-                yield f"{type(stream).__name__}-{stream._index}", stream
+                yield f"{type(stream).__name__}-{stream.index}", stream
 
     def _newest_rdds(self) -> Iterator[tuple[str, RDD | None]]:
         for name, stream in self._sampled_streams():
-            with stream._lock:
-                generated = stream._generated
-                yield name, generated[max(generated)] if generated else None
+            retained = stream.retained()
+            yield name, retained[max(retained)] if retained else None
 
     def _count(self, newest: dict[str, RDD]) -> None:
         sc = self._ssc.sparkContext
@@ -260,7 +259,7 @@ class LiveCollector(Collector):
         return list(self._families(None))
 
     def collect(self) -> list[Metric]:
-        return list(self._families(self._ssc._scheduler))
+        return list(self._families(self._ssc.scheduler))
 
     def _families(self, scheduler: BatchScheduler | None) -> Iterator[Metric]:
         job = self._job
@@ -318,7 +317,7 @@ class LiveCollector(Collector):
         )
         if scheduler is not None:
             now_ms = scheduler.clock.now_ms()
-            for source in self._ssc._graph.inputs:
+            for source in self._ssc.input_streams:
                 controller = scheduler.rate_controllers.get(source.name)
                 if controller is not None and controller.rate_limit is not None:
                     rate.add_metric([job, source.name], controller.rate_limit)
@@ -333,24 +332,11 @@ class LiveCollector(Collector):
                 for partition, lag in source.backlog_by_partition().items():
                     partition_backlog.add_metric([job, source.name, partition], lag)
             pending.add_metric([job], scheduler.pending_batches())
-            for kind, count in recovery_counts(scheduler).items():
+            for kind, count in recovery_counts(scheduler.recovery).items():
                 recoveries.add_metric([job, kind], count)
         for stream, keys in sorted(self._state_keys.counts.items()):
             state.add_metric([job, stream], keys)
         yield from (rate, *pid.values(), backlog, partition_backlog, pending, recoveries, state)
-
-
-def recovery_counts(scheduler: BatchScheduler) -> dict[str, int]:
-    """dstream_recoveries_total{kind} and /v1/status recoveries: every kind, zero when none."""
-    recovery = scheduler.recovery
-    if recovery is None:
-        return dict.fromkeys(RECOVERY_KINDS, 0)
-    return {
-        "driver_restart": 1,
-        "replayed_batches": len(recovery.replayed),
-        "restored_state": len(recovery.restored_state),
-        "torn_files": len(recovery.torn_files),
-    }
 
 
 def state_keys_interval(ssc: StreamingContext) -> float:

@@ -12,9 +12,9 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dstream import tasks
 from dstream.dstream import DStream
 from dstream.spec import App, GrepArgs, SessionsArgs, TopkArgs, WordcountArgs, duration_ms
+from dstream.worker import tasks
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext
@@ -87,9 +87,6 @@ BUILTINS: dict[str, Callable[..., DStream]] = {
     "topk": topk,
     "sessions": sessions,
 }
-
-# Built-ins whose output is (key, count) pairs, shown largest first on the console.
-COUNTING = {"wordcount", "topk", "sessions"}
 
 
 def load_user_build(module_ref: str) -> Callable[..., Any]:

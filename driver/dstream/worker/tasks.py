@@ -1,7 +1,7 @@
 """Functions that the built-in apps run inside Spark tasks.
 
-They live in this small module, not in dstream.apps, because a task's functions are pickled by
-reference to their module: every Python worker imports that module, and dstream.apps pulls in
+They live in this small module, not in dstream.service.apps, because a task's functions are pickled by
+reference to their module: every Python worker imports that module, and dstream.service.apps pulls in
 the job specification (pydantic), which would cost each new worker a fifth of a second.
 """
 

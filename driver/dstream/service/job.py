@@ -1,6 +1,6 @@
 """From a StreamingJob spec to a running StreamingContext: Spark settings, source, app and sink.
 
-The CLI (`dstream run`) and the Kubernetes driver entrypoint (`python -m dstream.driver`) both go
+The CLI (`dstream run`) and the Kubernetes driver entrypoint (`python -m dstream.service.driver`) both go
 through `JobRuntime`, so a manifest behaves the same on a laptop and on a cluster.
 """
 
@@ -14,16 +14,17 @@ from typing import Any
 
 from pyspark import SparkConf, SparkContext
 
-from dstream import pools, pydaemon
-from dstream.apps import build_app
-from dstream.checkpoint import move_checkpoint_aside
 from dstream.connectors import create_sink, create_source
 from dstream.context import StreamingContext
-from dstream.failure import BatchFailedError
-from dstream.metrics import StreamingMetrics
-from dstream.scheduler import BatchInfo
+from dstream.runtime import pools
+from dstream.runtime.checkpoint import move_checkpoint_aside
+from dstream.runtime.failure import BatchFailedError
+from dstream.runtime.scheduler import BatchInfo
+from dstream.service.apps import build_app
+from dstream.service.metrics import StreamingMetrics
 from dstream.sources import SourceError
 from dstream.spec import StreamingJob, duration_ms
+from dstream.worker import pydaemon
 
 log = logging.getLogger(__name__)
 SOURCE_ERROR = f"{SourceError.__module__}.{SourceError.__name__}:"
@@ -71,8 +72,8 @@ def build_context(job: StreamingJob, sc: SparkContext) -> StreamingContext:
     outputs = build_app(ssc, source, spec.app)
     if spec.checkpoint is not None and spec.checkpoint.interval is not None:
         interval_s = duration_ms(spec.checkpoint.interval) / 1000
-        for stream in ssc._graph.streams:
-            if stream._must_checkpoint:
+        for stream in ssc.all_streams:
+            if stream.checkpoint_data.required:
                 stream.checkpoint(interval_s)
     for index, output in enumerate(outputs):
         output.foreachRDD(create_sink(job, index))
@@ -150,7 +151,7 @@ class JobRuntime:
 
     @property
     def scheduler(self) -> Any:
-        return self.ssc._scheduler
+        return self.ssc.scheduler
 
     def start(self) -> None:
         self.ssc.start()

@@ -35,7 +35,7 @@ from typing import BinaryIO
 QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 
 # What a SparkConf needs for Spark to start this daemon (dstream run sets it by default).
-SPARK_CONF = {"spark.python.daemon.module": "dstream.pydaemon"}
+SPARK_CONF = {"spark.python.daemon.module": "dstream.worker.pydaemon"}
 
 _modules_when_frozen = 0
 

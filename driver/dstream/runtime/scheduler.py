@@ -19,7 +19,6 @@ pyspark.streaming, which keeps a rate source's batches a pure function of time.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -27,31 +26,23 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from pyspark import RDD
-from pyspark.rdd import Partitioner, portable_hash
-
-from dstream import durable, pools
-from dstream.checkpoint import (
+from dstream.runtime import durable, pools
+from dstream.runtime.checkpoint import (
     CheckpointDir,
-    CheckpointMismatchError,
-    CheckpointUnrecoverableError,
     CheckpointWriteError,
-    LogState,
-    check_state_checkpoint,
-    compare_signatures,
     fault_point,
 )
-from dstream.failure import BatchFailedError, FailurePolicy
-from dstream.timeutil import datetime_of
+from dstream.runtime.failure import BatchFailedError, FailurePolicy
+from dstream.runtime.recovery import CheckpointRecovery, Recovery
+from dstream.runtime.timeutil import datetime_of
 
 if TYPE_CHECKING:
-    from dstream.clock import ManualClock, SystemClock
     from dstream.context import StreamingContext
-    from dstream.dstream import DStream
-    from dstream.graph import DStreamGraph
-    from dstream.rate import RateController
+    from dstream.runtime.backpressure import RateController
+    from dstream.runtime.clock import ManualClock, SystemClock
+    from dstream.runtime.graph import DStreamGraph
 
 log = logging.getLogger(__name__)
 HISTORY = 1000
@@ -146,14 +137,14 @@ class BatchEvent:
         return self.info
 
 
-@dataclass
-class Recovery:
-    """What a restart found in the checkpoint."""
+@dataclass(frozen=True)
+class BatchOutcome:
+    """How a batch's run ended: `committed`; `skipped`, committed past outputs that failed for
+    good under onExhausted: skip (`error` is their failure); or `uncommitted`, left in the log for
+    a restart to run again (`error` is what stopped it)."""
 
-    replayed: list[int]
-    restored_state: dict[str, int]
-    torn_files: list[str]
-    resume_ms: int
+    status: Literal["committed", "skipped", "uncommitted"]
+    error: Exception | None = None
 
 
 class BatchScheduler:
@@ -224,6 +215,24 @@ class BatchScheduler:
             self._checkpoint.write_metadata(self._ssc._checkpoint_metadata(first_ms - batch))
         return first_ms
 
+    def _recover(self) -> int:
+        """Recover from the checkpoint (dstream.runtime.recovery) and queue its uncommitted
+        batches to run first, each with the ranges its record holds; the first new time."""
+        assert self._checkpoint is not None
+        self.recovery = CheckpointRecovery(self._ssc, self._graph, self._checkpoint).run()
+        for time_ms, record in self.recovery.pending_records.items():
+            info = BatchInfo(
+                time_ms,
+                self.clock.now_ms(),
+                {s.name: s.records_in(record["ranges"][s.name]) for s in self._graph.inputs},
+                dict(record.get("rateLimits", {})),
+                kind="replayed",
+                coalesced=list(record.get("coalesced", [])),
+                ranges=dict(record["ranges"]),
+            )
+            self._replays.append(info)
+        return self.recovery.resume_ms
+
     def stop(self) -> None:
         """Stop marking batch times due and let the running batch finish and commit. Times that
         are due but not started have no batch record yet, so nothing is lost: a restart from the
@@ -238,154 +247,6 @@ class BatchScheduler:
         if len(self._threads) > 1:
             self._threads[1].join()
         self.state = "stopped"
-
-    # -- recovery -------------------------------------------------------------------------
-
-    def _recover(self) -> int:
-        """Rebuild sources and state from the checkpoint; queue uncommitted batches for re-run."""
-        assert self._checkpoint is not None
-        metadata = self._checkpoint.read_metadata() or {}
-        # Start first: the saved signature was taken after start() settled default intervals.
-        self._graph.start(metadata["zeroMs"])
-        self._check_signature(metadata)
-        # The graph in force (restored, or rebuilt by a setup or a job spec) for the next restart.
-        self._checkpoint.write_metadata(self._ssc._checkpoint_metadata(metadata["zeroMs"]))
-        found = self._checkpoint.load_log()
-        for time_ms in sorted(found.records):
-            record = found.records[time_ms]
-            for source in self._graph.inputs:
-                if source.name in record["ranges"]:
-                    source.replay(time_ms, record["ranges"][source.name])
-            self._graph.coalesce(record.get("coalesced", []))
-        if found.records:
-            positions = found.records[max(found.records)].get("positions", {})
-            for source in self._graph.inputs:
-                source.restore_position(positions.get(source.name))
-        restored = self._restore_state(found.state_checkpoints(), found.torn)
-        self._require_replayable(found, restored)
-        for time_ms in found.pending:
-            record = found.records[time_ms]
-            info = BatchInfo(
-                time_ms,
-                self.clock.now_ms(),
-                {s.name: s.records_in(record["ranges"][s.name]) for s in self._graph.inputs},
-                dict(record.get("rateLimits", {})),
-                kind="replayed",
-                coalesced=list(record.get("coalesced", [])),
-                ranges=dict(record["ranges"]),
-            )
-            self._replays.append(info)
-        last = found.last_time if found.last_time is not None else self._graph.zero_ms
-        self.recovery = Recovery(found.pending, restored, found.torn, last + self._graph.batch_ms)
-        log.warning(
-            "recovered from %s: re-running %d uncommitted batches, state restored for %d streams, "
-            "%d torn checkpoint files skipped; resuming at %s",
-            self._checkpoint.path,
-            len(found.pending),
-            len(restored),
-            len(found.torn),
-            datetime_of(self.recovery.resume_ms),
-        )
-        return self.recovery.resume_ms
-
-    def _check_signature(self, metadata: dict[str, Any]) -> None:
-        """CheckpointMismatchError naming every difference between the saved graph and this one."""
-        assert self._checkpoint is not None
-        differences = compare_signatures(metadata.get("graph", []), self._graph.signature())
-        if metadata.get("batchMs") != self._graph.batch_ms:
-            differences.insert(
-                0, f"batch interval was {metadata.get('batchMs')} ms, now {self._graph.batch_ms} ms"
-            )
-        if differences:
-            raise CheckpointMismatchError(
-                f"checkpoint {self._checkpoint.path} was written by a different streaming graph:\n"
-                + "\n".join(f"  - {d}" for d in differences)
-                + "\nrestore the original program, or start fresh (`dstream run --fresh`, or "
-                "StreamingContext.getOrCreate(path, setup, fresh=True)), which moves the old "
-                "checkpoint aside"
-            )
-
-    def _restore_state(
-        self, candidates: dict[str, list[tuple[int, str]]], torn: list[str]
-    ) -> dict[str, int]:
-        """Load each stateful stream's newest readable checkpoint; a torn one (added to `torn`)
-        falls back to the one before, whose later batches the log still holds. A stream with
-        durable batches gets every readable one back (a torn one is recomputed from its source);
-        only state streams are counted as restored."""
-        restored: dict[str, int] = {}
-        for index, checkpoints in candidates.items():
-            stream = self._graph.streams[int(index)]
-            loaded: list[tuple[int, str]] = []
-            if stream._durable_batches:  # older ones in the log were pruned, not torn
-                checkpoints = checkpoints[: stream._checkpoints_kept()]
-            for time_ms, path in checkpoints:
-                rdd = self._read_checkpoint(stream, path, torn)
-                if rdd is None:
-                    continue
-                stream._restore(time_ms, rdd)
-                loaded.append((time_ms, path))
-                if not stream._durable_batches:
-                    restored[index] = time_ms
-                    break
-            for time_ms, path in reversed(loaded):
-                self._graph.keep_checkpoint(stream._index, time_ms, path)
-        return restored
-
-    def _read_checkpoint(self, stream: DStream, path: str, torn: list[str]) -> RDD | None:
-        """A state checkpoint as an RDD, read through once in the JVM to verify it (its
-        partitioner back when the stream's RDDs are hash-partitioned), or a durable batch
-        checked part by part; None when torn."""
-        sc = self._ssc.sparkContext
-        try:
-            if durable.is_durable(path):
-                return self._graph.read_durably(sc, path)
-            check_state_checkpoint(path)
-            jrdd = sc._jsc.checkpointFile(path)
-            jrdd.count()
-        except Exception as error:
-            log.warning(
-                "checkpoint %s unreadable (%s): not used (an older one, or the source, serves)",
-                path,
-                str(error).splitlines()[0],
-            )
-            torn.append(path)
-            return None
-        rdd = RDD(jrdd, sc, sc.serializer)
-        partitions = getattr(stream, "_partitions", None)
-        if partitions is not None and rdd.getNumPartitions() == partitions:
-            rdd.partitioner = Partitioner(partitions, portable_hash)
-        return rdd
-
-    def _require_replayable(self, found: LogState, restored: dict[str, int]) -> None:
-        """Refuse to go on when exact recovery is impossible, rather than emit wrong results: a
-        batch record missing between others (its input is unknown), or a stateful stream with no
-        readable state checkpoint while the log no longer reaches back to the first batch."""
-        assert self._checkpoint is not None
-        batch = self._graph.batch_ms
-        times = sorted(found.records)
-        covered = {t for r in found.records.values() for t in r.get("coalesced", [])}
-        missing = [
-            t
-            for a, b in itertools.pairwise(times)
-            for t in range(a + batch, b, batch)
-            if t not in covered
-        ]
-        problems = [f"no readable batch record for {datetime_of(t)} ({t})" for t in missing]
-        first = min([*times[:1], *covered], default=None)
-        log_reaches_start = first is None or first <= self._graph.zero_ms + batch
-        if not log_reaches_start:
-            problems += [
-                f"stream #{s._index} ({type(s).__name__}) has no readable state checkpoint and "
-                f"the batch log now starts at {datetime_of(first)}"
-                for s in self._graph.streams
-                if s._must_checkpoint and str(s._index) not in restored
-            ]
-        if problems:
-            raise CheckpointUnrecoverableError(
-                f"checkpoint {self._checkpoint.path} cannot be recovered exactly:\n"
-                + "\n".join(f"  - {p}" for p in problems)
-                + "\nstart fresh (`dstream run --fresh`) to move it aside and begin again"
-            )
 
     # -- the timer ------------------------------------------------------------------------
 
@@ -486,43 +347,42 @@ class BatchScheduler:
         sc = self._ssc.sparkContext
         sc.setJobGroup(f"dstream-batch-{time_ms}", f"batch {datetime_of(time_ms)}", True)
         sc.setLocalProperty(CHECKPOINT_ALL_MARKED, "true")
-        failure = self._execute(info)
-        if failure is not None and not info.skipped:
-            info.error = _describe(failure)
+        outcome = self._execute(info)
+        info.skipped = outcome.status == "skipped"
+        if outcome.error is not None:
+            info.error = _describe(outcome.error)
         info.processing_end_ms = self.clock.now_ms()
         self._graph.clear_metadata(time_ms)
         self.current = None
         self.history.append(info)
-        if failure is None:
+        if outcome.status == "committed":
             self._update_rates(info)
         self._notify("onBatchCompleted", info)
         with self._completed:
             self._completed.notify_all()
-        if failure is None or info.skipped:
+        if outcome.status != "uncommitted":
             return True
-        self._give_up(info, failure)
+        assert outcome.error is not None
+        self._give_up(info, outcome.error)
         return False
 
-    def _execute(self, info: BatchInfo) -> Exception | None:
-        """The failure that leaves the batch uncommitted, or None once it is committed (as
-        skipped, when its outputs failed for good under onExhausted: skip). A checkpoint that
-        cannot be written is never skipped past: without the batch's record and commit a
-        restart could not tell what it read, so the run stops there."""
+    def _execute(self, info: BatchInfo) -> BatchOutcome:
+        """Record the batch, run its outputs and commit it. Outputs that failed for good are
+        committed past as skipped only under onExhausted: skip; a checkpoint that cannot be
+        written is never skipped past: without the batch's record and commit a restart could
+        not tell what it read, so the batch stays uncommitted and the run stops there."""
         failure = self._write_record(info)
         if failure is not None:
-            return failure
+            return BatchOutcome("uncommitted", failure)
         failure = self._run_outputs(info)
         info.state_checkpoints = self._graph.completed_checkpoints()
-        if failure is not None:
-            info.skipped = self.failure_policy.skips and not self._stopping
-            if not info.skipped:
-                return failure
-            info.error = _describe(failure)
-        commit_failure = self._commit(info)
+        if failure is not None and not (self.failure_policy.skips and not self._stopping):
+            return BatchOutcome("uncommitted", failure)
+        outcome = BatchOutcome("committed") if failure is None else BatchOutcome("skipped", failure)
+        commit_failure = self._commit(info, outcome)
         if commit_failure is not None:
-            info.skipped = False
-            return commit_failure
-        return failure
+            return BatchOutcome("uncommitted", commit_failure)
+        return outcome
 
     def _retrying(
         self, info: BatchInfo, step: str, attempt: Callable[[], Exception | None]
@@ -657,7 +517,7 @@ class BatchScheduler:
                 info.schedulingDelay() or 0,
             )
 
-    def _commit(self, info: BatchInfo) -> Exception | None:
+    def _commit(self, info: BatchInfo, outcome: BatchOutcome) -> Exception | None:
         """Mark the batch done in the log, retrying under the failure policy; the failure when
         the marker could not be written. A skipped batch (failurePolicy onExhausted: skip) is
         marked too, with its error and the input ranges it skipped: the run moved on past it,
@@ -667,8 +527,8 @@ class BatchScheduler:
         checkpoint = self._checkpoint
         fault_point("before-commit")
         commit: dict[str, Any] = {"state": info.state_checkpoints}
-        if info.skipped:
-            commit["error"] = info.error
+        if outcome.status == "skipped":
+            commit["error"] = _describe(outcome.error)
             commit["skipped"] = info.ranges
         failure = self._write_checkpoint(
             info,

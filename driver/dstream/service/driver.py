@@ -1,4 +1,4 @@
-"""The driver entrypoint in a Kubernetes pod: `python -m dstream.driver JOB.yaml --port 8000
+"""The driver entrypoint in a Kubernetes pod: `python -m dstream.service.driver JOB.yaml --port 8000
 --master k8s://https://kubernetes.default.svc --conf key=value ...`.
 
 Same as `dstream run`, except that the master comes from the operator and progress goes to logs.
@@ -10,11 +10,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from dstream.cli import add_run_arguments, run_job
+from dstream.service.cli import add_run_arguments, run_job
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dstream.driver", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m dstream.service.driver", description=__doc__)
     add_run_arguments(parser, default_master=None)
     return run_job(parser.parse_args(argv))
 

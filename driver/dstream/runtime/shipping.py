@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pyspark import SparkContext
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parent.parent
 _SHIPPED = "_dstream_shipped"
 
 
