@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from dstream.runtime.failure import BatchFailedError
-from harness import (
+from fault.harness import (
     Driver,
     InProcessJob,
     RateJob,
