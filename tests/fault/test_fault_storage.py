@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from dstream.runtime.failure import BatchFailedError
 from fault.harness import (
-    Driver,
     InProcessJob,
     RateJob,
     fill_up,
@@ -27,6 +26,7 @@ from fault.harness import (
     verify,
     wait_until,
 )
+from running_driver import Driver
 
 RIDE_OUT = {"retries": 4, "backoffSeconds": 0.2}
 GIVE_UP = {"retries": 1, "backoffSeconds": 0.2}
