@@ -42,6 +42,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.common import PARTITIONS, RECORD_BYTES, RESULTS, ROOT, SEED, kill_group
 from bench.overload import (
     CostModel,
     RateSchedule,
@@ -51,10 +52,7 @@ from bench.overload import (
     settle_time,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 SYSTEMS = ("dstream", "pyspark.streaming")
-SEED, RECORD_BYTES, PARTITIONS = 7, 100, 2
 DEFAULT_INTERVAL_S = 1.0
 LOW, HIGH, INITIAL = 0.3, 10.0, 2.0  # times the sustainable rate
 SETTLED_DELAY_INTERVALS = 2
@@ -619,20 +617,9 @@ def run_worker(system: str, args: argparse.Namespace) -> dict[str, Any]:
                         print(f"  {system}: {line.strip()[:160]}", file=sys.stderr, flush=True)
                 process.wait()
         finally:
-            end_group(process)
+            kill_group(process)  # what is left of it: its JVM, its Python workers
     load = [{"load1": s.load1, "other_cores": s.others_cores} for s in monitor.samples]
     return {"events": events, "load": load, "returncode": process.returncode}
-
-
-def end_group(process: subprocess.Popen[Any]) -> None:
-    """End what is left of the worker's process group (its JVM, its Python workers)."""
-    import signal
-
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
 
 
 if __name__ == "__main__":

@@ -34,9 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import feed, programs
-from bench.reference import RECORD_BYTES, SEED
+from bench.common import RECORD_BYTES, RESULTS, SEED
 
-RESULTS = Path(__file__).resolve().parent / "results"
 GOALS = {"grep": 1.5, "wordcount": 2.0, "topk": 2.0}  # issue 17: dstream over pyspark.streaming
 ENGINES = ("dstream", "pyspark.streaming")
 

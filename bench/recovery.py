@@ -15,9 +15,7 @@ end of the newest second it read). Reported per system and fault:
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -25,10 +23,10 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.common import kill_group, start_process
+
 RECOVERED_MS = 500
 BEFORE = 30  # batches before the fault (the first ones drain the start-up backlog)
 AFTER = 60  # batches run after it: a windowed DStream recomputes the window's leaving
@@ -75,18 +73,7 @@ class RecoverProcess:
     """A running `bench.recover` in its own process group, its events collected by a thread."""
 
     def __init__(self, command: list[str], log_name: str):
-        (ROOT / "bench" / "logs").mkdir(parents=True, exist_ok=True)
-        log = open(ROOT / "bench" / "logs" / log_name, "w")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            start_new_session=True,
-        )
-        log.close()
+        self.process = start_process(command, log_name)
         self.events: list[dict[str, Any]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -111,11 +98,7 @@ class RecoverProcess:
     def kill(self) -> int:
         """SIGKILL the whole process group (driver, JVM, Python workers): a lost driver pod."""
         killed_ms = int(time.time() * 1000)
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
+        kill_group(self.process)
         self._reader.join(timeout=5)
         return killed_ms
 

@@ -30,9 +30,7 @@ from dstream.sources import InputDStream, RateInputDStream
 from dstream.worker import pydaemon, tasks, textgen
 from pyspark import SparkConf, SparkContext
 
-PARTITIONS = 2
-SEED = 7
-RECORD_BYTES = 100
+from bench.common import PARTITIONS, RECORD_BYTES, SEED
 
 
 def start_redis(directory: str) -> tuple[subprocess.Popen[bytes], str]:

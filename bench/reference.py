@@ -18,12 +18,11 @@ from functools import lru_cache
 from typing import Any
 
 from bench import feed
+from bench.common import RECORD_BYTES, SEED
 
 GREP_PATTERN = "bab"  # in about a quarter of the lines
 WINDOW_BATCHES = 30
 TOP_K = 10
-SEED = 7
-RECORD_BYTES = 100
 
 
 def word_checksum(word: str) -> int:

@@ -23,17 +23,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from bench.ceiling import ENGINES, ceiling_rate
+from bench.common import LOGS, RESULTS, kill_group, start_process
 from bench.machine import (
     LoadMonitor,
     busy_reason,
@@ -47,9 +46,6 @@ from bench.search import RateSearch
 from bench.systems import DAEMONS, SYSTEM_CLASSES, SYSTEMS, WORKLOADS
 from bench.trial import BUSY, Verdict, percentile, record_latencies
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-LOGS = ROOT / "bench" / "logs"
 START_RATES = {"grep": 200_000, "wordcount": 50_000, "topk": 50_000}
 CORES = 2  # the workers' local[2]
 CEILING_LINES, CEILING_ROUNDS = 200_000, 2
@@ -82,20 +78,12 @@ class Worker:
     """A `bench.worker` process: one system's JVM, taking trial commands one at a time."""
 
     def __init__(self, system: str, daemon: str, master: str = "local[2]"):
-        LOGS.mkdir(parents=True, exist_ok=True)
-        log = open(LOGS / f"{system}-{daemon}.log", "w")  # noqa: SIM115
-        self.process = subprocess.Popen(
+        self.process = start_process(
             [sys.executable, "-m", "bench.worker", "--system", system, "--daemon", daemon]
             + ["--master", master],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            start_new_session=True,
+            f"{system}-{daemon}.log",
+            stdin=True,
         )
-        log.close()
         self._next_event()  # ready
 
     def _next_event(self) -> dict[str, Any]:
@@ -119,10 +107,7 @@ class Worker:
             self.process.wait(timeout=60)
         except (OSError, subprocess.TimeoutExpired):
             pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # its JVM and Python workers, if left
-        except ProcessLookupError:
-            pass
+        kill_group(self.process)  # its JVM and Python workers, if left
         self.process.wait()
 
 

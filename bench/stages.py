@@ -17,7 +17,7 @@ from typing import Any
 
 from pyspark import SparkContext
 
-from bench.reference import RECORD_BYTES, SEED
+from bench.common import RECORD_BYTES, SEED
 from bench.systems import spark_conf
 
 

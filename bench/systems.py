@@ -32,7 +32,8 @@ from dstream.worker import pydaemon
 from pyspark import SparkConf, SparkContext
 
 from bench import feed, programs
-from bench.reference import GREP_PATTERN, RECORD_BYTES, SEED, TOP_K, WINDOW_BATCHES
+from bench.common import RECORD_BYTES, SEED
+from bench.reference import GREP_PATTERN, TOP_K, WINDOW_BATCHES
 
 WORKLOADS = programs.WORKLOADS
 DAEMONS = ("dstream.worker.pydaemon", "pyspark.daemon")

@@ -21,17 +21,15 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 def sc():
     from dstream.worker.pydaemon import SPARK_CONF
     from pyspark import SparkConf, SparkContext
+    from running_driver import SPARK_TEST_CONF
 
     conf = (
         SparkConf()
         .setAll(list(SPARK_CONF.items()))
+        .setAll(list(SPARK_TEST_CONF.items()))
         .setMaster("local[2]")
         .setAppName("dstream-tests")
-        .set("spark.ui.enabled", "false")
         .set("spark.default.parallelism", "2")
-        .set("spark.driver.bindAddress", "127.0.0.1")
-        .set("spark.driver.host", "127.0.0.1")
-        .set("spark.ui.showConsoleProgress", "false")
     )
     context = SparkContext.getOrCreate(conf)
     context.setLogLevel("ERROR")

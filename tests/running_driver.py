@@ -1,5 +1,10 @@
-"""A real driver: `dstream run JOB.yaml` in its own process (and process group), serving its API
-on a free loopback port; always stopped by its PID, the Spark JVM with it."""
+"""A real driver for tests: `dstream run JOB.yaml` in its own process group (the Python driver,
+its Spark JVM and the Python workers), so that a test can SIGKILL all of it at once, like a lost
+pod, or only the Python process, and never leaves a JVM behind. Its output lines are kept with
+the time they arrived; given a port, it serves its HTTP API there. Every driver a test starts
+runs with the one test Spark configuration, SPARK_TEST_CONF (its short-lived JVMs with the quick
+JIT compiler only).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +24,24 @@ from typing import Any
 import httpx
 import yaml
 
-# Quiet, private and port-free Spark for drivers started by tests.
-TEST_SPARK_CONF = {
+# The test apps' modules (faultapp), importable by every driver and its Python workers.
+TEST_APPS_DIR = Path(__file__).resolve().parent / "fault"
+# The JVMs of test drivers (and of their local-cluster executors) live seconds to a minute and
+# are killed and started again and again: the optimizing JIT compiler's work at start never pays
+# back, so they run the quick one only, which takes a third off a run's CPU (local-cluster: 46 s
+# to 30 s for two short runs). Recovery times the tests print are of such JVMs.
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+QUICK_JIT_CONF = {
+    "spark.driver.extraJavaOptions": QUICK_JIT,
+    "spark.executor.extraJavaOptions": QUICK_JIT,
+}
+# The one test Spark configuration: quiet, private and port-free, for the tests' own
+# SparkContext (conftest.py) and every driver a test starts.
+SPARK_TEST_CONF = {
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
-    "spark.default.parallelism": "2",
 }
 STOP_TIMEOUT_S = 90
 
@@ -35,7 +53,8 @@ def free_port() -> int:
 
 
 def manifest(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    spec = {**spec, "sparkConf": {**TEST_SPARK_CONF, **spec.get("sparkConf", {})}}
+    """A StreamingJob document; its Spark runs 2 tasks at a time unless the spec says otherwise."""
+    spec = {**spec, "sparkConf": {"spark.default.parallelism": "2", **spec.get("sparkConf", {})}}
     return {
         "apiVersion": "dstream.dev/v1alpha1",
         "kind": "StreamingJob",
@@ -44,11 +63,124 @@ def manifest(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def python_path() -> str:
+    """The test apps' directory and the test process's PYTHONPATH, every entry absolute: the
+    executors' Python workers run in Spark's work directories, where a relative entry would
+    miss the tree under test and fall back to whatever `dstream` is installed."""
+    entries = [str(TEST_APPS_DIR), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    return os.pathsep.join(os.path.abspath(entry) for entry in entries if entry)
+
+
 @dataclass
+class Line:
+    at: float  # time.monotonic() when the line was read
+    text: str
+
+
 class Driver:
-    process: subprocess.Popen[bytes]
-    port: int
-    log: Path
+    """One `dstream run` process group; its output lines are kept with the time they arrived."""
+
+    def __init__(
+        self,
+        manifest: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+        port: int = 0,
+        cwd: Path | None = None,
+    ):
+        self.manifest = manifest
+        self.args = list(args)
+        self.env = env or {}
+        self.log = log
+        self.port = port
+        self.cwd = cwd
+        self.lines: list[Line] = []
+        self.started_at = 0.0
+        self._changed = threading.Condition()
+        self._reader: threading.Thread | None = None
+        self.process: subprocess.Popen[str] | None = None
+
+    def start(self) -> Driver:
+        settings = {**SPARK_TEST_CONF, **QUICK_JIT_CONF}
+        conf = [arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")]
+        command = [sys.executable, "-m", "dstream", "run", str(self.manifest)]
+        command += ["--port", str(self.port)]
+        env = {
+            **os.environ,
+            "PYTHONPATH": python_path(),
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "DSTREAM_SPARK_LOG_LEVEL": "ERROR",
+            **self.env,
+        }
+        self.started_at = time.monotonic()
+        self.process = subprocess.Popen(
+            command + conf + self.args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=self.cwd,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        sink = open(self.log, "a") if self.log else None  # noqa: SIM115 - closed below
+        try:
+            for text in self.process.stdout:
+                if sink:
+                    sink.write(text)
+                    sink.flush()
+                with self._changed:
+                    self.lines.append(Line(time.monotonic(), text.rstrip("\n")))
+                    self._changed.notify_all()
+        finally:
+            if sink:
+                sink.close()
+            with self._changed:
+                self._changed.notify_all()
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def output(self) -> str:
+        """Everything the driver printed so far (all of it once it has exited)."""
+        if self._reader is not None and not self.alive():
+            self._reader.join(10)
+        with self._changed:
+            return "\n".join(line.text for line in self.lines)
+
+    def wait_for_line(
+        self, predicate: Callable[[str], bool], timeout_s: float, after: int = 0
+    ) -> Line:
+        """The first line (from index `after`) that satisfies predicate; TimeoutError if none."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                for line in self.lines[after:]:
+                    if predicate(line.text):
+                        return line
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.alive():
+                    tail = "\n".join(line.text for line in self.lines[-30:])
+                    state = "timed out" if self.alive() else f"exited {self.process.returncode}"
+                    raise TimeoutError(f"no matching line ({state}); last output:\n{tail}")
+                self._changed.wait(min(remaining, 0.5))
+
+    def batch_lines(self) -> list[Line]:
+        return [line for line in self.lines if line.text.startswith("batch ")]
+
+    # -- the HTTP API (when started with a port) --------------------------------------------
 
     @property
     def url(self) -> str:
@@ -60,14 +192,12 @@ class Driver:
     def post(self, path: str, **kwargs: Any) -> httpx.Response:
         return httpx.post(self.url + path, timeout=60, **kwargs)
 
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
     def wait_for(self, what: str, condition: Any, timeout_s: float) -> Any:
         """Poll `condition()` until it returns something truthy; fail with the driver's log."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            if not self.alive():
+                assert self.process is not None
                 raise AssertionError(
                     f"driver exited ({self.process.returncode}) before {what}:\n"
                     + self.output()[-5000:]
@@ -90,22 +220,80 @@ class Driver:
 
         return self.wait_for(f"{count} batches", enough, timeout_s)
 
-    def wait_for_exit(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
-        return self.process.wait(timeout_s)
+    # -- stopping -----------------------------------------------------------------------------
+
+    def kill(self, whole_group: bool = True) -> None:
+        """SIGKILL the process group (a lost pod), or only the Python driver (its JVM then exits
+        when its stdin closes); either way return once nothing of the group is left."""
+        if whole_group:
+            _killpg(self.pid, signal.SIGKILL)
+        elif self.alive():
+            os.kill(self.pid, signal.SIGKILL)
+        self.reap()
+
+    def terminate(self, timeout_s: float, whole_group: bool = False) -> int:
+        """SIGTERM (graceful stop) to the driver, or to its whole group as Kubernetes signals
+        every process of a pod, and wait for the exit code."""
+        assert self.process is not None
+        if whole_group:
+            _killpg(self.pid, signal.SIGTERM)
+        else:
+            self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout_s)
+        self.reap()
+        return code
+
+    def stop(self) -> None:
+        """A graceful stop if it is still running, then SIGKILL whatever is left of its group."""
+        if self.alive():
+            try:
+                self.terminate(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
+        self.reap()
+
+    def reap(self, timeout_s: float = 30) -> None:
+        """Wait for the driver and every process of its group to be gone; SIGKILL stragglers."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout_s
+        while self.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        while _group_alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _killpg(self.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def wait(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        assert self.process is not None
+        code = self.process.wait(timeout_s)
+        self.reap()
+        return code
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def stop_process_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (the driver stops gracefully), then SIGKILL whatever is left of its group."""
+    """SIGTERM (a server stops gracefully), then SIGKILL whatever is left of its group."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
             process.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)  # the group is the driver's own: its JVM, workers
-    except ProcessLookupError:
-        pass
+    _killpg(process.pid, signal.SIGKILL)  # the group is the process's own
     process.wait()
 
 
@@ -117,38 +305,15 @@ def running_driver(
     env: dict[str, str] | None = None,
     args: tuple[str, ...] = (),
 ) -> Iterator[Driver]:
-    """Start `dstream run` on the manifest built from `spec` (more CLI `args` if given); stop it
-    whatever happens."""
+    """Start `dstream run` on the manifest built from `spec` (more CLI `args` if given), its API
+    on a free loopback port; stop it whatever happens."""
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(manifest(name, spec)))
-    port = free_port()
-    log = tmp_path / f"{name}.log"
-    environment = {
-        **os.environ,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        **(env or {}),
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "dstream.service.cli",
-        "run",
-        str(path),
-        "--port",
-        str(port),
-        *args,
-    ]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            command,
-            cwd=tmp_path,
-            env=environment,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    driver = Driver(
+        path, *args, env=env, log=tmp_path / f"{name}.log", port=free_port(), cwd=tmp_path
+    )
+    driver.start()
     try:
-        yield Driver(process, port, log)
+        yield driver
     finally:
-        stop_process_group(process)
+        driver.stop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import operator
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -200,13 +201,8 @@ class RuntimeView:
     def _retained(self, stream: DStream, from_ms: int | None, to_ms: int | None) -> dict[int, RDD]:
         """The stream's RDDs of completed batches in [from_ms, to_ms]. Only what the stream
         retains: a query never makes the engine compute batches it has not run (or dropped)."""
-        newest = self._last_completed_ms()
-        if newest is None:
-            return {}
-        upper = newest if to_ms is None else min(to_ms, newest)
-        lower = -math.inf if from_ms is None else from_ms
-        with stream._lock:
-            return {t: rdd for t, rdd in stream._generated.items() if lower <= t <= upper}
+        bounds = retained_bounds(from_ms, to_ms, self._last_completed_ms())
+        return stream.retained(*bounds) if bounds is not None else {}
 
     def streams(self) -> list[StreamSummary]:
         summaries = []
@@ -229,17 +225,8 @@ class RuntimeView:
         if stream is None:
             raise UnknownStreamError(query.stream)
         retained = self._retained(stream, query.from_ms, query.to_ms)
-        times = sorted(retained)
-        if query.combine == "latest":
-            times = times[-1:]
-        result = SliceResult(
-            stream=query.stream,
-            batch_times=[utc(t) for t in times],
-            combine=query.combine,
-            top=[] if query.top is not None else None,
-            count=None if query.top is not None else 0,
-            sample=None if query.top is not None else [],
-        )
+        times = slice_times(query, retained)
+        result = empty_slice(query, times)
         if not times:
             return result
         sc = self._runtime.sc
@@ -251,16 +238,52 @@ class RuntimeView:
                 union = (sc.union(rdds) if len(rdds) > 1 else rdds[0]).coalesce(
                     query_partitions(sc)
                 )
-                if query.top is not None:
-                    result.top = top_k(union, query.top, query.combine == "sum", query.stream)
-                else:
-                    result.count = union.count()
-                    result.sample = [jsonable(record) for record in union.take(query.limit)]
+                answer_slice(query, union, result)
             except QueryNotApplicableError:
                 raise
             except Exception as error:
                 raise QueryFailedError(str(error).splitlines()[0]) from error
         return result
+
+
+def retained_bounds(
+    from_ms: int | None, to_ms: int | None, newest_ms: int | None
+) -> tuple[float, float] | None:
+    """The batch times a slice may read: [from_ms, to_ms] clipped to the newest completed
+    batch; None before any batch has completed."""
+    if newest_ms is None:
+        return None
+    upper = newest_ms if to_ms is None else min(to_ms, newest_ms)
+    lower = -math.inf if from_ms is None else from_ms
+    return lower, upper
+
+
+def slice_times(query: SliceQuery, retained: Iterable[int]) -> list[int]:
+    """The retained batch times the query reads, oldest first: all, or the newest only."""
+    times = sorted(retained)
+    return times[-1:] if query.combine == "latest" else times
+
+
+def empty_slice(query: SliceQuery, times: list[int]) -> SliceResult:
+    """The result over no records: an empty top-K, or a zero count and an empty sample."""
+    return SliceResult(
+        stream=query.stream,
+        batch_times=[utc(t) for t in times],
+        combine=query.combine,
+        top=[] if query.top is not None else None,
+        count=None if query.top is not None else 0,
+        sample=None if query.top is not None else [],
+    )
+
+
+def answer_slice(query: SliceQuery, union: RDD, result: SliceResult) -> None:
+    """Fill `result` from the union of the selected batches' RDDs: the top-K pairs, or the
+    record count and the first `limit` records."""
+    if query.top is not None:
+        result.top = top_k(union, query.top, query.combine == "sum", query.stream)
+    else:
+        result.count = union.count()
+        result.sample = [jsonable(record) for record in union.take(query.limit)]
 
 
 def query_partitions(sc: Any) -> int:

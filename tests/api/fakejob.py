@@ -1,26 +1,29 @@
 """A deterministic JobView for testing the HTTP layer without Spark.
 
 Batches are real BatchInfo objects (so the status and batch mapping is the production code's);
-stream contents are Python lists per batch time, queried with the same semantics as RuntimeView.
+stream contents are Python lists per batch time, and a slice runs view.py's own selection and
+answer over them, through `ListRDD`, a stand-in for the few RDD methods that answer uses.
 """
 
 from __future__ import annotations
 
-from collections import Counter as Tally
+import heapq
+from collections.abc import Callable
 from typing import Any
 
 from dstream.runtime.recovery import RECOVERY_KINDS
 from dstream.runtime.scheduler import BatchInfo
-from dstream_api.models import Batch, SliceResult, Status, StreamSummary, TopEntry
+from dstream_api.models import Batch, SliceResult, Status, StreamSummary
 from dstream_api.view import (
     QueryFailedError,
-    QueryNotApplicableError,
     SliceQuery,
     UnknownStreamError,
+    answer_slice,
     batch_of,
-    is_numeric_pair,
-    jsonable,
+    empty_slice,
     last_batch_of,
+    retained_bounds,
+    slice_times,
     utc,
 )
 from prometheus_client import CollectorRegistry, Counter
@@ -50,6 +53,32 @@ def stream_contents(batches: int) -> dict[str, dict[int, list[Any]]]:
         ZERO_MS + n * BATCH_MS: [f"line {n}.{i}" for i in range(3)] for n in range(1, batches + 1)
     }
     return {"counts": counts, "lines": lines, "broken": dict.fromkeys(counts, [("x", 1)])}
+
+
+class ListRDD:
+    """The RDD methods a slice's answer calls, over a list in one partition, with PySpark's
+    results: reduceByKey keeps keys in first-seen order, takeOrdered is a stable sort."""
+
+    def __init__(self, records: list[Any]):
+        self.records = records
+
+    def count(self) -> int:
+        return len(self.records)
+
+    def take(self, num: int) -> list[Any]:
+        return self.records[:num]
+
+    def filter(self, keep: Callable[[Any], bool]) -> ListRDD:
+        return ListRDD([record for record in self.records if keep(record)])
+
+    def reduceByKey(self, func: Callable[[Any, Any], Any]) -> ListRDD:
+        reduced: dict[Any, Any] = {}
+        for key, value in self.records:
+            reduced[key] = func(reduced[key], value) if key in reduced else value
+        return ListRDD(list(reduced.items()))
+
+    def takeOrdered(self, num: int, key: Callable[[Any], Any]) -> list[Any]:
+        return heapq.nsmallest(num, self.records, key=key)
 
 
 class FakeJob:
@@ -103,34 +132,12 @@ class FakeJob:
         if query.stream not in self.contents:
             raise UnknownStreamError(query.stream)
         by_time = self.contents[query.stream]
-        times = sorted(
-            t
-            for t in by_time
-            if (query.from_ms is None or t >= query.from_ms)
-            and (query.to_ms is None or t <= query.to_ms)
-        )
-        if query.combine == "latest":
-            times = times[-1:]
-        records = [record for t in times for record in by_time[t]]
-        result = SliceResult(
-            stream=query.stream,
-            batch_times=[utc(t) for t in times],
-            combine=query.combine,
-            top=None,
-            count=None,
-            sample=None,
-        )
-        if query.top is None:
-            result.count = len(records)
-            result.sample = [jsonable(r) for r in records[: query.limit]]
-            return result
-        if records and not is_numeric_pair(records[0]):
-            raise QueryNotApplicableError(f"top-K needs (key, number) records in {query.stream}")
-        totals: Tally[Any] = Tally()
-        for key, value in records:
-            totals[key] += value
-        best = sorted(totals.items(), key=lambda kv: -kv[1])[: query.top]
-        result.top = [TopEntry(key=jsonable(k), value=v) for k, v in best]
+        bounds = retained_bounds(query.from_ms, query.to_ms, self.history[-1].batch_time_ms)
+        lower, upper = bounds if bounds is not None else (0, -1)
+        times = slice_times(query, (t for t in by_time if lower <= t <= upper))
+        result = empty_slice(query, times)
+        if times:
+            answer_slice(query, ListRDD([record for t in times for record in by_time[t]]), result)
         return result
 
     def request_stop(self) -> str:

@@ -74,7 +74,7 @@ def test_status_reports_the_running_job(driver):
     assert status["lastBatch"]["processingSeconds"] > 0
     assert status["rateLimit"]["rate"] > 0
     assert isinstance(status["backlog"]["rate"], int)
-    assert status["pendingBatches"] >= 0
+    assert isinstance(status["pendingBatches"], int)
     assert status["recoveries"] == {
         "driver_restart": 0,
         "replayed_batches": 0,
@@ -129,5 +129,5 @@ def test_stop_needs_the_token_then_stops_gracefully(driver):
     assert driver.post("/v1/stop").status_code == 401
     response = driver.post("/v1/stop", headers={"Authorization": f"Bearer {TOKEN}"})
     assert response.status_code == 202
-    assert driver.wait_for_exit() == 0
+    assert driver.wait() == 0
     assert "job apitest stopped" in driver.output()

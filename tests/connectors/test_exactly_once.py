@@ -31,8 +31,8 @@ import pytest
 import redis
 import yaml
 from dstream.spec import password_env
-from fault.harness import Driver
 from postgres_server import SECRET_PASSWORD, SECRET_ROLE, PostgresServer, running_postgres
+from running_driver import Driver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

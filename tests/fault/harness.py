@@ -1,8 +1,5 @@
-"""Helpers of the fault suite: real `dstream run` processes to kill, and the exact reference.
-
-A `Driver` is one `dstream run` in its own process group (the Python driver, its Spark JVM and
-the Python workers), so a test can SIGKILL all of it at once, like a lost pod, or only the Python
-process, and never leaves a JVM behind. The reference output is computed without the engine:
+"""Helpers of the fault suite: jobs to run in real `dstream run` processes (running_driver.Driver)
+and kill, and the exact reference. The reference output is computed without the engine:
 with backpressure off, batch k of a rate source holds exactly the offsets that became available
 in ((k-1)B, kB], so every batch's expected word counts are known in advance (`dstream.worker.textgen`
 gives the lines); for input arriving from outside, a batch's input is the range its record in
@@ -16,9 +13,7 @@ import errno
 import json
 import os
 import random
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -31,20 +26,6 @@ from typing import Any, Self
 import pytest
 import yaml
 from dstream.worker import textgen
-
-FAULT_DIR = Path(__file__).resolve().parent
-# The JVMs of these drivers (and of their local-cluster executors) live seconds to a minute and
-# are killed and started again and again: the optimizing JIT compiler's work at start never pays
-# back, so they run the quick one only, which takes a third off a run's CPU (local-cluster: 46 s
-# to 30 s for two short runs). Recovery times the tests print are of such JVMs.
-QUICK_JIT = "-XX:TieredStopAtLevel=1"
-SPARK_TEST_CONF = {
-    "spark.ui.enabled": "false",
-    "spark.driver.host": "127.0.0.1",
-    "spark.driver.bindAddress": "127.0.0.1",
-    "spark.driver.extraJavaOptions": QUICK_JIT,
-    "spark.executor.extraJavaOptions": QUICK_JIT,
-}
 
 
 @dataclass
@@ -143,147 +124,6 @@ class RateJob(FaultJob):
         }
 
 
-@dataclass
-class Line:
-    at: float  # time.monotonic() when the line was read
-    text: str
-
-
-class Driver:
-    """One `dstream run` process group; its output lines are kept with the time they arrived."""
-
-    def __init__(
-        self,
-        manifest: Path,
-        *args: str,
-        env: dict[str, str] | None = None,
-        log: Path | None = None,
-    ):
-        self.manifest = manifest
-        self.args = list(args)
-        self.env = env or {}
-        self.log = log
-        self.lines: list[Line] = []
-        self.started_at = 0.0
-        self._changed = threading.Condition()
-        self.process: subprocess.Popen[str] | None = None
-
-    def start(self) -> Driver:
-        conf = [
-            arg for key, value in SPARK_TEST_CONF.items() for arg in ("--conf", f"{key}={value}")
-        ]
-        command = [sys.executable, "-m", "dstream", "run", str(self.manifest), "--port", "0"]
-        env = {
-            **os.environ,
-            "PYTHONPATH": python_path(),
-            "PYSPARK_PYTHON": sys.executable,
-            "DSTREAM_SPARK_LOG_LEVEL": "ERROR",
-            **self.env,
-        }
-        self.started_at = time.monotonic()
-        self.process = subprocess.Popen(
-            command + conf + self.args,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-        return self
-
-    def _read(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        sink = open(self.log, "a") if self.log else None  # noqa: SIM115 - closed below
-        try:
-            for text in self.process.stdout:
-                if sink:
-                    sink.write(text)
-                    sink.flush()
-                with self._changed:
-                    self.lines.append(Line(time.monotonic(), text.rstrip("\n")))
-                    self._changed.notify_all()
-        finally:
-            if sink:
-                sink.close()
-            with self._changed:
-                self._changed.notify_all()
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def wait_for_line(
-        self, predicate: Callable[[str], bool], timeout_s: float, after: int = 0
-    ) -> Line:
-        """The first line (from index `after`) that satisfies predicate; TimeoutError if none."""
-        deadline = time.monotonic() + timeout_s
-        with self._changed:
-            while True:
-                for line in self.lines[after:]:
-                    if predicate(line.text):
-                        return line
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self.alive():
-                    tail = "\n".join(line.text for line in self.lines[-30:])
-                    state = "timed out" if self.alive() else f"exited {self.process.returncode}"
-                    raise TimeoutError(f"no matching line ({state}); last output:\n{tail}")
-                self._changed.wait(min(remaining, 0.5))
-
-    def batch_lines(self) -> list[Line]:
-        return [line for line in self.lines if line.text.startswith("batch ")]
-
-    def kill(self, whole_group: bool = True) -> None:
-        """SIGKILL the process group (a lost pod), or only the Python driver (its JVM then exits
-        when its stdin closes); either way return once nothing of the group is left."""
-        if whole_group:
-            _killpg(self.pid, signal.SIGKILL)
-        elif self.alive():
-            os.kill(self.pid, signal.SIGKILL)
-        self.reap()
-
-    def terminate(self, timeout_s: float, whole_group: bool = False) -> int:
-        """SIGTERM (graceful stop) to the driver, or to its whole group as Kubernetes signals
-        every process of a pod, and wait for the exit code."""
-        assert self.process is not None
-        if whole_group:
-            _killpg(self.pid, signal.SIGTERM)
-        else:
-            self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout_s)
-        self.reap()
-        return code
-
-    def reap(self, timeout_s: float = 30) -> None:
-        """Wait for the driver and every process of its group to be gone; SIGKILL stragglers."""
-        assert self.process is not None
-        deadline = time.monotonic() + timeout_s
-        while self.process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        while _group_alive(self.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        _killpg(self.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def wait(self, timeout_s: float) -> int:
-        assert self.process is not None
-        code = self.process.wait(timeout_s)
-        self.reap()
-        return code
-
-
-def python_path() -> str:
-    """This directory (faultapp) and the test process's PYTHONPATH, every entry absolute: the
-    executors' Python workers run in Spark's work directories, where a relative entry would
-    miss the tree under test and fall back to whatever `dstream` is installed."""
-    entries = [str(FAULT_DIR), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    return os.pathsep.join(os.path.abspath(entry) for entry in entries if entry)
-
-
 def executor_pids(pgid: int) -> dict[int, str]:
     """Spark executor JVMs in a process group (local-cluster mode), with their --app-id."""
     found = {}
@@ -298,21 +138,6 @@ def executor_pids(pgid: int) -> dict[int, str]:
         if in_group and b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in argv:
             found[int(entry.name)] = argv[argv.index(b"--app-id") + 1].decode()
     return found
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # -- the reference ---------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from harness import Driver, InProcessJob, RateJob, verify, wait_until, zero_ms
+from fault.harness import InProcessJob, RateJob, verify, wait_until, zero_ms
+from running_driver import Driver
 
 TIMEOUT_S = 240
 

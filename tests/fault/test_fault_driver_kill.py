@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from harness import Driver, PartialOutputWatch, RateJob, Verdict, fault_seed, verify
+from fault.harness import PartialOutputWatch, RateJob, Verdict, fault_seed, verify
+from running_driver import Driver
 
 ROUND_TIMEOUT_S = 240
 RECOVERED = re.compile(r"recovered from .*: re-running (\d+) uncommitted batches")

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pyspark
 import pytest
-from harness import Driver, Line, RateJob, batch_dirs, executor_pids, fault_seed, verify
+from fault.harness import RateJob, batch_dirs, executor_pids, fault_seed, verify
+from running_driver import Driver, Line
 
 BATCH_TIMEOUT_S = 240
 MOST_BATCHES_BEFORE_KILL = 4  # to get on schedule after the executors' cold start

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 from dstream.runtime.checkpoint import CheckpointDir
-from harness import Driver, RateJob, batch_dirs, read_batch, wait_until, word_counts
+from fault.harness import RateJob, batch_dirs, read_batch, wait_until, word_counts
+from running_driver import Driver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

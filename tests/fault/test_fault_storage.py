@@ -16,8 +16,7 @@ import re
 from pathlib import Path
 
 import pytest
-from harness import (
-    Driver,
+from fault.harness import (
     InProcessJob,
     RateJob,
     fill_up,
@@ -26,6 +25,7 @@ from harness import (
     verify,
     wait_until,
 )
+from running_driver import Driver
 from streams import final_failure
 
 RIDE_OUT = {"retries": 4, "backoffSeconds": 0.2}

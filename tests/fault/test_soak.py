@@ -56,10 +56,9 @@ import pyspark
 import pytest
 import redis
 from dstream.worker import textgen
-from harness import (
+from fault.harness import (
     BatchLogWatch,
     BatchOutput,
-    Driver,
     FaultJob,
     Verdict,
     batch_dirs,
@@ -71,6 +70,7 @@ from harness import (
     wait_until,
 )
 from postgres_server import PostgresServer, running_postgres
+from running_driver import Driver
 from servers import RedisServer
 
 DRIVER_KILLS = int(os.environ.get("SOAK_DRIVER_KILLS", "3"))

@@ -33,14 +33,13 @@ from dstream.runtime.checkpoint import (
     local_path,
     write_atomically,
 )
+from dstream.runtime.task_errors import raised_in_task
 
 MAGIC = b"dstream-part\x01"
 _TRAILER = struct.Struct(">IIIQ")  # index, partitions, crc32 of the chunks, records
 _LENGTH = struct.Struct(">Q")
 CHUNK_RECORDS = 1024
-_PART_NOT_WRITTEN = re.compile(
-    rf"{CheckpointWriteError.__name__}: cannot write checkpoint file (.+?/part-\d+): (.+)$", re.M
-)
+_PART_NOT_WRITTEN = re.compile(r"cannot write checkpoint file (.+?/part-\d+): (.+)$")
 
 
 def part_path(directory: str | Path, index: int) -> Path:
@@ -155,8 +154,6 @@ def part_write_failure(error: BaseException) -> CheckpointWriteError | None:
     """The CheckpointWriteError behind a failed job when a task could not write its durable
     part: it reaches the driver only as text in Spark's error (which a sink may wrap again),
     and the checkpoint file that storage refused says more than the output whose task broke."""
-    for layer in (error, error.__cause__):
-        found = _PART_NOT_WRITTEN.search(str(layer)) if layer is not None else None
-        if found:
-            return CheckpointWriteError(None, found.group(2), found.group(1))
-    return None
+    message = raised_in_task(error, CheckpointWriteError)
+    found = _PART_NOT_WRITTEN.match(message) if message is not None else None
+    return CheckpointWriteError(None, found.group(2), found.group(1)) if found else None

@@ -128,7 +128,6 @@ class DStreamGraph:
         self._deadletter_fallback: Path | None = None
         self._marked: dict[int, tuple[DStream, RDD, int]] = {}
         self._durable: dict[int, tuple[DStream, RDD, int, durable.PartWriter]] = {}
-        self.in_force: dict[int, list[tuple[int, str]]] = {}
         self.coalesced: set[int] = set()  # batch times merged into a later batch (scheduler.py)
         self._lock = threading.Lock()
         self._rdd_writes: list[threading.Thread] = []
@@ -290,7 +289,7 @@ class DStreamGraph:
                     continue
                 del self._durable[key]
                 done[str(stream._index)] = {"time": time_ms, "path": writer.directory}
-                self.keep_checkpoint(stream._index, time_ms, writer.directory)
+                stream.checkpoint_data.keep(time_ms, writer.directory)
             for key, (stream, rdd, time_ms) in list(self._marked.items()):
                 if not rdd.isCheckpointed():
                     continue
@@ -298,20 +297,16 @@ class DStreamGraph:
                 path = rdd.getCheckpointFile()
                 if path:
                     done[str(stream._index)] = {"time": time_ms, "path": path}
-                    self.keep_checkpoint(stream._index, time_ms, path)
+                    stream.checkpoint_data.keep(time_ms, path)
         return done
 
-    def keep_checkpoint(self, index: int, time_ms: int, path: str) -> None:
-        """A stream's newest checkpoints stay, as many as it keeps (CheckpointData)."""
-        kept = self.in_force.setdefault(index, [])
-        kept.append((time_ms, path))
-        del kept[: -self.streams[index].checkpoint_data.checkpoints_kept()]
-
     def state_paths_in_force(self) -> set[str]:
-        return {path for kept in self.in_force.values() for _time, path in kept}
+        return {path for s in self.streams for _time, path in s.checkpoint_data.in_force}
 
     def oldest_checkpoint_in_force(self) -> int | None:
-        times = [kept[0][0] for kept in self.in_force.values() if kept]
+        times = [
+            s.checkpoint_data.in_force[0][0] for s in self.streams if s.checkpoint_data.in_force
+        ]
         return min(times) if times else None
 
     def keeps_checkpoint(self, rdd: RDD) -> bool:

@@ -19,6 +19,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark import RDD
 
 from dstream.runtime.checkpoint import local_path
+from dstream.runtime.task_errors import jvm_root_cause
 from dstream.runtime.timeutil import time_to_ms
 
 
@@ -54,16 +55,8 @@ def save_text_atomically(rdd: RDD, path: str) -> None:
     try:
         rdd.saveAsTextFile(str(tmp))
     except Py4JJavaError as error:
-        raise OutputWriteError(f"writing {final} failed: {root_cause(error)}") from error
+        raise OutputWriteError(f"writing {final} failed: {jvm_root_cause(error)}") from error
     replace_directory(tmp, final)
-
-
-def root_cause(error: Py4JJavaError) -> str:
-    """The innermost cause of a JVM error, as `<class>: <message>`."""
-    cause = error.java_exception
-    while cause.getCause() is not None:
-        cause = cause.getCause()
-    return str(cause.toString())
 
 
 def remove_earlier_attempts(final: Path) -> None:

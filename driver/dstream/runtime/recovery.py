@@ -149,7 +149,7 @@ class CheckpointRecovery:
                     restored[index] = time_ms
                     break
             for time_ms, path in reversed(loaded):
-                self._graph.keep_checkpoint(stream._index, time_ms, path)
+                data.keep(time_ms, path)
         return restored
 
     def _read_checkpoint(self, stream: DStream, path: str, torn: list[str]) -> RDD | None:

@@ -545,8 +545,7 @@ class BatchScheduler:
         later commit."""
         assert self._checkpoint is not None
         stateful = self._graph.stateful_streams()
-        in_force = self._graph.in_force
-        if any(s._index not in in_force for s in stateful):
+        if any(not s.checkpoint_data.in_force for s in stateful):
             return
         oldest = self._graph.oldest_checkpoint_in_force()
         anchor = oldest if oldest is not None else time_ms

@@ -20,6 +20,7 @@ from dstream.runtime import pools
 from dstream.runtime.checkpoint import move_checkpoint_aside
 from dstream.runtime.failure import BatchFailedError
 from dstream.runtime.scheduler import BatchInfo
+from dstream.runtime.task_errors import raised_in_task
 from dstream.service.apps import build_app
 from dstream.service.metrics import StreamingMetrics
 from dstream.sources import SourceError
@@ -27,7 +28,6 @@ from dstream.spec import StreamingJob, duration_ms
 from dstream.worker import pydaemon
 
 log = logging.getLogger(__name__)
-SOURCE_ERROR = f"{SourceError.__module__}.{SourceError.__name__}:"
 
 
 def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> SparkConf:
@@ -92,15 +92,13 @@ def ignore_sigterm_in_jvm(sc: SparkContext) -> None:
 
 def is_source_error(error: BaseException) -> bool:
     """A SourceError, raised on the driver or in a task (where Spark hands it back as text)."""
-    return isinstance(error, SourceError) or SOURCE_ERROR in str(error)
+    return raised_in_task(error, SourceError) is not None
 
 
 def source_error_text(error: BaseException) -> str:
     """The SourceError's own message, without Spark's stack traces around it."""
-    text = str(error)
-    if isinstance(error, SourceError) or SOURCE_ERROR not in text:
-        return text
-    return text.split(SOURCE_ERROR, 1)[1].splitlines()[0].strip()
+    message = raised_in_task(error, SourceError)
+    return str(error) if message is None else message
 
 
 class ProgressPrinter:
