@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
@@ -24,6 +25,7 @@ from dstream.runtime.checkpoint import (
     check_state_checkpoint,
     compare_signatures,
 )
+from dstream.runtime.fencing import DeposedError, Fence
 from dstream.runtime.timeutil import datetime_of
 
 if TYPE_CHECKING:
@@ -64,10 +66,19 @@ def recovery_counts(recovery: Recovery | None) -> dict[str, int]:
 class CheckpointRecovery:
     """One restart's recovery of a graph from its checkpoint directory (`run` does it)."""
 
-    def __init__(self, ssc: StreamingContext, graph: DStreamGraph, checkpoint: CheckpointDir):
+    def __init__(
+        self,
+        ssc: StreamingContext,
+        graph: DStreamGraph,
+        checkpoint: CheckpointDir,
+        fence: Fence | None = None,
+        verified: frozenset[str] = frozenset(),
+    ):
         self._ssc = ssc
         self._graph = graph
         self._checkpoint = checkpoint
+        self._fence = fence
+        self._verified = verified  # state checkpoints a standby read through already
 
     def run(self) -> Recovery:
         """Rebuild sources and state from the checkpoint; return the uncommitted batches to re-run."""
@@ -78,6 +89,8 @@ class CheckpointRecovery:
         # The graph in force (restored, or rebuilt by a setup or a job spec) for the next restart.
         self._checkpoint.write_metadata(self._ssc._checkpoint_metadata(metadata["zeroMs"]))
         found = self._checkpoint.load_log()
+        if self._fence is not None and found.newest_epoch > self._fence.epoch:
+            raise DeposedError(self._fence.epoch, found.newest_epoch)
         for time_ms in sorted(found.records):
             record = found.records[time_ms]
             for source in self._graph.inputs:
@@ -160,9 +173,10 @@ class CheckpointRecovery:
         try:
             if durable.is_durable(path):
                 return self._graph.read_durably(sc, path)
-            check_state_checkpoint(path)
             jrdd = sc._jsc.checkpointFile(path)
-            jrdd.count()
+            if path not in self._verified:  # Spark's checkpoints are never changed once written
+                check_state_checkpoint(path)
+                jrdd.count()
         except Exception as error:
             log.warning(
                 "checkpoint %s unreadable (%s): not used (an older one, or the source, serves)",
@@ -206,3 +220,43 @@ class CheckpointRecovery:
                 + "\n".join(f"  - {p}" for p in problems)
                 + "\nstart fresh (`dstream run --fresh`) to move it aside and begin again"
             )
+
+
+@dataclass
+class CheckpointFollower:
+    """What a standby does while it waits for the lead: follows the leader's checkpoint, so that
+    taking over costs as little as possible. The first call warms the Python workers (a job per
+    core, so each executor's worker daemon is up); then every `every_s` the metadata and the log
+    are read (the page cache keeps them) and each stream's newest state checkpoint is read
+    through once in the JVM, which recovery then need not do again (`verified`). It only
+    reads: the leader is writing the same directory."""
+
+    ssc: StreamingContext
+    checkpoint: CheckpointDir
+    every_s: float = 2.0
+    verified: set[str] = field(default_factory=set)
+    _next_at: float = 0.0
+    _warmed: bool = False
+
+    def follow(self) -> None:
+        if time.monotonic() < self._next_at:
+            return
+        self._next_at = time.monotonic() + self.every_s
+        sc = self.ssc.sparkContext
+        if not self._warmed:
+            slots = sc.defaultParallelism
+            sc.parallelize(range(slots), slots).map(abs).count()
+            self._warmed = True
+        self.checkpoint.read_metadata()
+        found = self.checkpoint.load_log(tidy=False)
+        for checkpoints in found.state_checkpoints().values():
+            path = checkpoints[0][1]
+            if path in self.verified or durable.is_durable(path):
+                continue
+            try:
+                check_state_checkpoint(path)
+                sc._jsc.checkpointFile(path).count()
+            except Exception as error:  # pruned or being written: the next round or recovery
+                log.debug("standby: state checkpoint %s not read yet (%s)", path, error)
+                continue
+            self.verified.add(path)

@@ -32,10 +32,18 @@ from dstream.runtime import durable, pools
 from dstream.runtime.checkpoint import (
     CheckpointDir,
     CheckpointWriteError,
+    LogConflictError,
     fault_point,
 )
 from dstream.runtime.failure import BatchFailedError, FailurePolicy
-from dstream.runtime.recovery import CheckpointRecovery, Recovery
+from dstream.runtime.fencing import (
+    DeposedError,
+    Fence,
+    epoch_source_from_env,
+    set_current_fence,
+)
+from dstream.runtime.lease import DEFAULT_DURATION_S, DURATION_KEY, CheckpointLease
+from dstream.runtime.recovery import CheckpointFollower, CheckpointRecovery, Recovery
 from dstream.runtime.timeutil import datetime_of
 
 if TYPE_CHECKING:
@@ -46,6 +54,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 HISTORY = 1000
+# Failures that no retry can mend: a newer driver leads (DeposedError), or wrote this batch's
+# log entry already (LogConflictError). The run stops at once.
+FINAL_FAILURES = (DeposedError, LogConflictError)
 # Spark writes a marked RDD's marked ancestors in the same job too, not only the RDD: a window
 # and its durable batch reductions are both marked in the batches that checkpoint the window.
 CHECKPOINT_ALL_MARKED = "spark.checkpoint.checkpointAllMarkedAncestors"
@@ -173,6 +184,9 @@ class BatchScheduler:
         self.history: deque[BatchInfo] = deque(maxlen=HISTORY)
         self.current: BatchInfo | None = None
         self.recovery: Recovery | None = None
+        self.lease: CheckpointLease | None = None
+        self.fence: Fence | None = None
+        self._follower: CheckpointFollower | None = None
         self.state = "initialized"
         self._completed = threading.Condition()
 
@@ -193,7 +207,11 @@ class BatchScheduler:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, standby: bool = False) -> None:
+        """Take the checkpoint's lead (as a `standby`, wait for it, following the checkpoint),
+        recover from it or start fresh, and start the timer and the runner."""
+        if self._checkpoint is not None:
+            self._lead(self._checkpoint, standby)
         first_ms = self._recover() if self._checkpoint and self._checkpoint.exists() else None
         if first_ms is None:
             first_ms = self._start_fresh()
@@ -207,6 +225,25 @@ class BatchScheduler:
         for thread in self._threads:
             thread.start()
 
+    def _lead(self, checkpoint: CheckpointDir, standby: bool) -> None:
+        """Hold the checkpoint's lease for the run (lease.py) under a new epoch, which every
+        log entry carries and every write checks (fencing.py)."""
+        conf = self._ssc.sparkContext.getConf()
+        duration_s = float(conf.get(DURATION_KEY, str(DEFAULT_DURATION_S)))
+        self.lease = CheckpointLease(checkpoint.path, duration_s, epoch_source_from_env())
+        self._follower = CheckpointFollower(self._ssc, checkpoint) if standby else None
+        if standby:
+            self.state = "standby"
+        follow = self._follower.follow if self._follower else None
+        self.fence = self.lease.acquire(wait=standby, follow=follow)
+        set_current_fence(self.fence)
+        self.lease.start_renewing(self._deposed)
+
+    def _deposed(self, error: DeposedError) -> None:
+        """A newer driver leads: no new batch starts, and awaitTermination raises the error."""
+        self._stop_generating.set()
+        self._ssc._report_error(error)
+
     def _start_fresh(self) -> int:
         batch = self._graph.batch_ms
         first_ms = (self.clock.now_ms() // batch + 1) * batch
@@ -219,7 +256,10 @@ class BatchScheduler:
         """Recover from the checkpoint (dstream.runtime.recovery) and queue its uncommitted
         batches to run first, each with the ranges its record holds; the first new time."""
         assert self._checkpoint is not None
-        self.recovery = CheckpointRecovery(self._ssc, self._graph, self._checkpoint).run()
+        verified = frozenset(self._follower.verified) if self._follower else frozenset()
+        self.recovery = CheckpointRecovery(
+            self._ssc, self._graph, self._checkpoint, self.fence, verified
+        ).run()
         for time_ms, record in self.recovery.pending_records.items():
             info = BatchInfo(
                 time_ms,
@@ -246,6 +286,9 @@ class BatchScheduler:
             self._wakeup.notify_all()
         if len(self._threads) > 1:
             self._threads[1].join()
+        if self.lease is not None:
+            self.lease.release()
+            set_current_fence(None)
         self.state = "stopped"
 
     # -- the timer ------------------------------------------------------------------------
@@ -394,6 +437,8 @@ class BatchScheduler:
         supervisors waiting there learn of it while the retries go on."""
         while (failure := attempt()) is not None:
             self._ssc._report_error(failure)
+            if isinstance(failure, FINAL_FAILURES):
+                return failure
             spent = info.retries == self.failure_policy.retries
             if spent or not self._back_off(info, step, failure):
                 return failure
@@ -410,7 +455,7 @@ class BatchScheduler:
         failure = self._write_checkpoint(
             info,
             "writing its batch record",
-            lambda: checkpoint.write_batch(info.batch_time_ms, record),
+            lambda: checkpoint.write_batch(info.batch_time_ms, record, self.fence),
         )
         if failure is None:
             info.record = None  # history keeps the batch, not its record
@@ -426,7 +471,7 @@ class BatchScheduler:
             started = time.perf_counter()
             try:
                 write()
-            except CheckpointWriteError as error:
+            except (CheckpointWriteError, *FINAL_FAILURES) as error:
                 return error
             finally:
                 spent = time.perf_counter() - started
@@ -533,7 +578,7 @@ class BatchScheduler:
         failure = self._write_checkpoint(
             info,
             "writing its commit marker",
-            lambda: checkpoint.write_commit(info.batch_time_ms, commit),
+            lambda: checkpoint.write_commit(info.batch_time_ms, commit, self.fence),
         )
         if failure is None:
             self._prune(info.batch_time_ms)
@@ -544,6 +589,8 @@ class BatchScheduler:
         The batch is committed already: storage that refuses a deletion only delays it to a
         later commit."""
         assert self._checkpoint is not None
+        if self.fence is not None and self.fence.ledger.newest() > self.fence.epoch:
+            return  # deposed since the commit: the newer driver's files are not ours to judge
         stateful = self._graph.stateful_streams()
         in_force = self._graph.in_force
         if any(s._index not in in_force for s in stateful):
