@@ -69,11 +69,11 @@ class CheckpointLease:
         self.fence: Fence | None = None
         self.taken_by = ""  # how the lead was taken: "lock", "expiry" or "election"
 
-    def acquire(self, wait: bool, follow: Callable[[], None] | None = None) -> Fence:
+    def acquire(self, wait: bool) -> Fence:
         """Take the lead: when the lock is free, or the newest claim's lease has expired, or an
         election held elsewhere gave this driver its epoch; then claim the next epoch. With
-        `wait` (a standby) poll until then, calling `follow` between polls; without, a lead
-        held by a live driver raises CheckpointInUseError."""
+        `wait` (a standby) poll until then; without, a lead held by a live driver raises
+        CheckpointInUseError."""
         announced = False
         while True:
             self.taken_by = self._takeable()
@@ -97,12 +97,10 @@ class CheckpointLease:
                     "with --standby to take over when it is gone"
                 )
             if not announced:
-                log.warning(
+                log.info(
                     "standby: waiting for the lead of %s (%s)", self.path, self._describe(newest)
                 )
                 announced = True
-            if follow is not None:
-                follow()
             self._released.wait(POLL_S)
 
     def _takeable(self) -> str:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
@@ -222,36 +222,52 @@ class CheckpointRecovery:
             )
 
 
-@dataclass
 class CheckpointFollower:
-    """What a standby does while it waits for the lead: follows the leader's checkpoint, so that
-    taking over costs as little as possible. The first call warms the Python workers (a job per
-    core, so each executor's worker daemon is up); then every `every_s` the metadata and the log
-    are read (the page cache keeps them) and each stream's newest state checkpoint is read
-    through once in the JVM, which recovery then need not do again (`verified`). It only
-    reads: the leader is writing the same directory."""
+    """What a standby does while it waits for the lead, in a thread of its own so that the
+    lease is polled meanwhile: it follows the leader's checkpoint, so that taking over costs as
+    little as possible. First it warms the Python workers (a job per core, so each executor's
+    worker daemon is up); then every `every_s` it reads the metadata and the log (the page
+    cache keeps them) and reads each stream's newest state checkpoint through once in the JVM,
+    which recovery then need not do again (`verified`). It only reads: the leader is writing
+    the same directory."""
 
-    ssc: StreamingContext
-    checkpoint: CheckpointDir
-    every_s: float = 2.0
-    verified: set[str] = field(default_factory=set)
-    _next_at: float = 0.0
-    _warmed: bool = False
+    def __init__(self, ssc: StreamingContext, checkpoint: CheckpointDir, every_s: float = 2.0):
+        self._ssc = ssc
+        self._checkpoint = checkpoint
+        self._every_s = every_s
+        self._verified: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="dstream-standby", daemon=True)
 
-    def follow(self) -> None:
-        if time.monotonic() < self._next_at:
-            return
-        self._next_at = time.monotonic() + self.every_s
-        sc = self.ssc.sparkContext
-        if not self._warmed:
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> frozenset[str]:
+        """Stop following (a Spark job under way finishes on its own); the state checkpoints
+        verified so far."""
+        self._stop.set()
+        with self._lock:
+            return frozenset(self._verified)
+
+    def _follow(self) -> None:
+        sc = self._ssc.sparkContext
+        try:
             slots = sc.defaultParallelism
             sc.parallelize(range(slots), slots).map(abs).count()
-            self._warmed = True
-        self.checkpoint.read_metadata()
-        found = self.checkpoint.load_log(tidy=False)
+            while not self._stop.is_set():
+                self._read_checkpoint()
+                self._stop.wait(self._every_s)
+        except Exception as error:  # stopped under it: recovery reads what it needs itself
+            log.info("standby: stopped following the checkpoint (%s)", error)
+
+    def _read_checkpoint(self) -> None:
+        sc = self._ssc.sparkContext
+        self._checkpoint.read_metadata()
+        found = self._checkpoint.load_log(tidy=False)
         for checkpoints in found.state_checkpoints().values():
             path = checkpoints[0][1]
-            if path in self.verified or durable.is_durable(path):
+            if self._stop.is_set() or path in self._verified or durable.is_durable(path):
                 continue
             try:
                 check_state_checkpoint(path)
@@ -259,4 +275,5 @@ class CheckpointFollower:
             except Exception as error:  # pruned or being written: the next round or recovery
                 log.debug("standby: state checkpoint %s not read yet (%s)", path, error)
                 continue
-            self.verified.add(path)
+            with self._lock:
+                self._verified.add(path)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from dstream.runtime import durable, pools
+from dstream.runtime import durable, pools, timeline
 from dstream.runtime.checkpoint import (
     CheckpointDir,
     CheckpointWriteError,
@@ -216,6 +216,8 @@ class BatchScheduler:
         if first_ms is None:
             first_ms = self._start_fresh()
         self.state = "recovering" if self.recovery and self.recovery.replayed else "running"
+        if self.recovery and self.state == "running":
+            timeline.mark("replayed")  # nothing to replay
         self._threads = [
             threading.Thread(
                 target=self._generate_loop, args=(first_ms,), name="dstream-timer", daemon=True
@@ -231,11 +233,12 @@ class BatchScheduler:
         conf = self._ssc.sparkContext.getConf()
         duration_s = float(conf.get(DURATION_KEY, str(DEFAULT_DURATION_S)))
         self.lease = CheckpointLease(checkpoint.path, duration_s, epoch_source_from_env())
-        self._follower = CheckpointFollower(self._ssc, checkpoint) if standby else None
         if standby:
             self.state = "standby"
-        follow = self._follower.follow if self._follower else None
-        self.fence = self.lease.acquire(wait=standby, follow=follow)
+            self._follower = CheckpointFollower(self._ssc, checkpoint)
+            self._follower.start()
+        self.fence = self.lease.acquire(wait=standby)
+        timeline.mark("lead_taken")
         set_current_fence(self.fence)
         self.lease.start_renewing(self._deposed)
 
@@ -256,10 +259,11 @@ class BatchScheduler:
         """Recover from the checkpoint (dstream.runtime.recovery) and queue its uncommitted
         batches to run first, each with the ranges its record holds; the first new time."""
         assert self._checkpoint is not None
-        verified = frozenset(self._follower.verified) if self._follower else frozenset()
+        verified = self._follower.stop() if self._follower else frozenset()
         self.recovery = CheckpointRecovery(
             self._ssc, self._graph, self._checkpoint, self.fence, verified
         ).run()
+        timeline.mark("state_restored")
         for time_ms, record in self.recovery.pending_records.items():
             info = BatchInfo(
                 time_ms,
@@ -330,6 +334,7 @@ class BatchScheduler:
                 return
             if self.state == "recovering" and not self._replays:
                 self.state = "running"
+                timeline.mark("replayed")
 
     def _take_next(self) -> BatchInfo | list[int] | None:
         """A recovered batch first, else the due times the next batch stands for (all of them
@@ -400,6 +405,8 @@ class BatchScheduler:
         self.history.append(info)
         if outcome.status == "committed":
             self._update_rates(info)
+            if info.kind == "live" and (info.schedulingDelay() or 0) < self._graph.batch_ms:
+                timeline.mark("on_schedule")
         self._notify("onBatchCompleted", info)
         with self._completed:
             self._completed.notify_all()

@@ -16,7 +16,7 @@ from pyspark import SparkConf, SparkContext
 
 from dstream.connectors import create_sink, create_source
 from dstream.context import StreamingContext
-from dstream.runtime import pools
+from dstream.runtime import pools, timeline
 from dstream.runtime.checkpoint import move_checkpoint_aside
 from dstream.runtime.failure import BatchFailedError
 from dstream.runtime.fencing import DeposedError
@@ -139,7 +139,13 @@ class JobRuntime:
         self.job = job
         self.fresh = fresh
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        self.sc = SparkContext.getOrCreate(spark_conf(job, master, conf or {}))
+        timeline.mark_process_started()
+        settings = spark_conf(job, master, conf or {})
+        SparkContext._ensure_initialized(conf=settings)  # the JVM, timed apart from the context
+        timeline.mark("jvm_up")
+        self.sc = SparkContext.getOrCreate(settings)
+        timeline.mark("sparkcontext_up")
+        timeline.watch_executors(self.sc)
         self.sc.setLogLevel(os.environ.get("DSTREAM_SPARK_LOG_LEVEL", "WARN"))
         ignore_sigterm_in_jvm(self.sc)
         if fresh and job.spec.checkpoint is not None:
