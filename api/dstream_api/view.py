@@ -168,6 +168,7 @@ class RuntimeView:
         return Status(
             job=runtime.job.metadata.name,
             state=self._state(),
+            epoch=scheduler.fence.epoch if scheduler is not None and scheduler.fence else None,
             batch_interval_seconds=runtime.job.spec.batch_interval_ms / 1000,
             last_batch=last_batch_of(history[-1]) if history else None,
             rate_limit=rate_limit,
