@@ -41,8 +41,8 @@ def is_batch(text: str) -> bool:
     return text.startswith("batch ") and "FAILED" not in text
 
 
-def waiting(text: str) -> bool:
-    return "standby: waiting for the lead" in text
+def warm(text: str) -> bool:
+    return "standby: warm, following" in text
 
 
 def commits_by_epoch(job: RateJob) -> dict[int, int]:
@@ -126,9 +126,9 @@ def test_standby_takes_over_a_frozen_then_a_killed_leader_output_exact(tmp_path)
 
 
 def standby_of(job: RateJob) -> Driver:
-    """A standby, once it waits for the lead."""
+    """A standby, once it is warm (its workers up, the checkpoint read once)."""
     standby = start(job, "--standby")
-    standby.wait_for_line(waiting, STEP_TIMEOUT_S)
+    standby.wait_for_line(warm, STEP_TIMEOUT_S)
     return standby
 
 

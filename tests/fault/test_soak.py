@@ -26,7 +26,11 @@ ranges, in batch order, must be exactly what the producer wrote, per stream or d
 admitted twice, nothing skipped), and every committed batch's counts, running totals and window
 must equal those of its input (harness.judge). One line per feed:
 
-    soak: driver_kills=N executor_kills=M batches=B lost=L duplicated=D recovery_p50=Xs ... feed=F
+    soak: driver_kills=N executor_kills=M batches=B lost=L duplicated=D recovery_p50=Xs ...
+          <phase>_p50=Xs <phase>_p90=Ys ... feed=F
+
+(the phases of the restarted drivers' recovery timelines, runtime/timeline.py, in seconds after
+each kill).
 
 `make test` runs the redis feed with 3 + 3 kills; `make soak` runs both feeds with 20 + 20 and a
 20 s outage (SOAK_DRIVER_KILLS, SOAK_EXECUTOR_KILLS, SOAK_OUTAGE_S, SOAK_FEEDS; SOAK_DURATION_S

@@ -255,9 +255,14 @@ class CheckpointFollower:
         try:
             slots = sc.defaultParallelism
             sc.parallelize(range(slots), slots).map(abs).count()
-            while not self._stop.is_set():
+            self._read_checkpoint()
+            log.info(
+                "standby: warm, following %s (%d state checkpoints read through)",
+                self._checkpoint.path,
+                len(self._verified),
+            )
+            while not self._stop.wait(self._every_s):
                 self._read_checkpoint()
-                self._stop.wait(self._every_s)
         except Exception as error:  # stopped under it: recovery reads what it needs itself
             log.info("standby: stopped following the checkpoint (%s)", error)
 
