@@ -9,11 +9,13 @@ import json
 import pytest
 from dstream.runtime.checkpoint import CheckpointDir, LogConflictError, write_document
 from dstream.runtime.fencing import (
+    EPOCH_ENV,
     DeposedError,
     EpochLedger,
     GivenEpoch,
     NextEpoch,
     claim_epoch,
+    epoch_source_from_env,
 )
 from dstream.runtime.lease import CheckpointInUseError, CheckpointLease
 from harness import wait_until
@@ -27,6 +29,17 @@ def test_epochs_rise_and_each_is_claimed_once(tmp_path):
     with pytest.raises(DeposedError, match="epoch 3 was claimed"):
         claim_epoch(ledger, GivenEpoch(2))  # an election older than the newest claim
     assert claim_epoch(ledger, GivenEpoch(7)).epoch == 7
+
+
+def test_an_elected_epoch_comes_from_the_environment(monkeypatch, tmp_path):
+    assert isinstance(epoch_source_from_env(), NextEpoch)
+    monkeypatch.setenv(EPOCH_ENV, "4")  # the Kubernetes Lease's leaseTransitions
+    assert epoch_source_from_env() == GivenEpoch(4)
+    lease = CheckpointLease(tmp_path, 30, epoch_source_from_env())
+    assert (lease.acquire(wait=False).epoch, lease.taken_by) == (4, "election")
+    monkeypatch.setenv(EPOCH_ENV, "four")
+    with pytest.raises(ValueError, match=f"{EPOCH_ENV} must be a positive integer, got 'four'"):
+        epoch_source_from_env()
 
 
 def test_log_entries_carry_the_epoch_and_are_never_replaced(tmp_path):

@@ -212,9 +212,13 @@ class BatchScheduler:
         recover from it or start fresh, and start the timer and the runner."""
         if self._checkpoint is not None:
             self._lead(self._checkpoint, standby)
-        first_ms = self._recover() if self._checkpoint and self._checkpoint.exists() else None
-        if first_ms is None:
-            first_ms = self._start_fresh()
+        try:
+            first_ms = self._recover() if self._checkpoint and self._checkpoint.exists() else None
+            if first_ms is None:
+                first_ms = self._start_fresh()
+        except BaseException:
+            self._release_lead()  # refused (mismatch, unrecoverable, deposed): not leading
+            raise
         self.state = "recovering" if self.recovery and self.recovery.replayed else "running"
         if self.recovery and self.state == "running":
             timeline.mark("replayed")  # nothing to replay
@@ -290,10 +294,13 @@ class BatchScheduler:
             self._wakeup.notify_all()
         if len(self._threads) > 1:
             self._threads[1].join()
+        self._release_lead()
+        self.state = "stopped"
+
+    def _release_lead(self) -> None:
         if self.lease is not None:
             self.lease.release()
             set_current_fence(None)
-        self.state = "stopped"
 
     # -- the timer ------------------------------------------------------------------------
 
