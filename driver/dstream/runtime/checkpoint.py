@@ -31,6 +31,7 @@ import re
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,29 +102,21 @@ def write_atomically(path: Path, data: bytes, fault: str | None = None) -> None:
     Storage that refuses the write (read-only, full, gone) raises CheckpointWriteError after
     the temporary file is removed, so `path` keeps its previous content or, when only the
     directory sync failed, the complete new one: never a part."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        if fault:
-            fault_point(fault)
-        os.replace(tmp, path)
-        _fsync_directory(path.parent)
-    except OSError as error:
-        with contextlib.suppress(OSError):  # read-only: it was never created
-            tmp.unlink(missing_ok=True)
-        raise CheckpointWriteError(error.errno, error.strerror or str(error), str(path)) from error
+    _write_then_place(path, data, fault, os.replace)
 
 
 def create_exclusively(path: Path, data: bytes, fault: str | None = None) -> None:
-    """Write `data` to `path`, which must not exist yet: to a temporary sibling, fsynced, then
-    hard-linked to its name, which fails with FileExistsError when the name is taken (a link,
-    atomic on local file systems and NFS alike, never replaces a file as a rename does). `fault`
-    names the spot before the link for fault_point; storage that refuses the write raises
-    CheckpointWriteError."""
+    """As write_atomically, but `path` must not exist yet: the temporary file is hard-linked to
+    its name, which fails with FileExistsError when the name is taken (a link, atomic on local
+    file systems and NFS alike, never replaces a file as a rename does)."""
+    _write_then_place(path, data, fault, os.link)
+
+
+def _write_then_place(
+    path: Path, data: bytes, fault: str | None, place: Callable[[Path, Path], None]
+) -> None:
+    """Write `data` to a temporary sibling, fsync it, `place` it at `path` (a rename or a
+    link), fsync the directory; the temporary file is gone afterwards, whatever happened."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,7 +126,7 @@ def create_exclusively(path: Path, data: bytes, fault: str | None = None) -> Non
             os.fsync(out.fileno())
         if fault:
             fault_point(fault)
-        os.link(tmp, path)
+        place(tmp, path)
         _fsync_directory(path.parent)
     except FileExistsError:
         raise
