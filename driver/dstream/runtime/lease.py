@@ -130,11 +130,12 @@ class CheckpointLease:
     def _try_lock(self) -> bool:
         """Take the kernel lock if no other process holds it. The descriptor is not inherited
         by the JVM or the workers (Python opens it close-on-exec), so the lock dies with this
-        process alone."""
+        process alone; it is opened read-only (flock needs no more), so the checkpoint's file
+        system can still be remounted read-only while the leader holds it."""
         if self._lock_fd is not None:
             return True
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path / LOCK_FILE, os.O_RDONLY | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

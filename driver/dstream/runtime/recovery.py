@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyspark import RDD
+from pyspark import RDD, SparkContext
 from pyspark.rdd import Partitioner, portable_hash
 
 from dstream.runtime import durable
@@ -253,8 +254,7 @@ class CheckpointFollower:
     def _follow(self) -> None:
         sc = self._ssc.sparkContext
         try:
-            slots = sc.defaultParallelism
-            sc.parallelize(range(slots), slots).map(abs).count()
+            self._warm_up(sc)
             self._read_checkpoint()
             log.info(
                 "standby: warm, following %s (%d state checkpoints read through)",
@@ -265,6 +265,15 @@ class CheckpointFollower:
                 self._read_checkpoint()
         except Exception as error:  # stopped under it: recovery reads what it needs itself
             log.info("standby: stopped following the checkpoint (%s)", error)
+
+    @staticmethod
+    def _warm_up(sc: SparkContext, rounds: int = 3) -> None:
+        """Run a few small shuffles of Python pairs, as a stateful batch does: each executor's
+        Python workers start, and the JVM compiles the shuffle's code before it is needed."""
+        slots = sc.defaultParallelism
+        for _ in range(rounds):
+            pairs = sc.parallelize(range(slots * 1000), slots).map(lambda n: (n % 97, 1))
+            pairs.reduceByKey(operator.add).count()
 
     def _read_checkpoint(self) -> None:
         sc = self._ssc.sparkContext
