@@ -164,7 +164,8 @@ class RuntimeView:
             for name, controller in scheduler.rate_controllers.items():
                 rate_limit[name] = controller.rate_limit
             now_ms = scheduler.clock.now_ms()
-            backlog = {source.name: source.backlog(now_ms) for source in sources}
+            if scheduler.state != "standby":  # a standby's sources start when it leads
+                backlog = {source.name: source.backlog(now_ms) for source in sources}
         return Status(
             job=runtime.job.metadata.name,
             state=self._state(),

@@ -27,8 +27,10 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+import httpx
 import pytest
-from harness import Driver, RateJob, fault_seed, verify
+from harness import Driver, RateJob, fault_seed, verify, wait_until
+from running_driver import free_port
 
 LEASE_S = 5
 ROUNDS = int(os.environ.get("STANDBY_ROUNDS", "1"))
@@ -126,10 +128,22 @@ def test_standby_takes_over_a_frozen_then_a_killed_leader_output_exact(tmp_path)
 
 
 def standby_of(job: RateJob) -> Driver:
-    """A standby, once it is warm (its workers up, the checkpoint read once)."""
-    standby = start(job, "--standby")
+    """A standby, once it is warm (its workers up, the checkpoint read once); its API says it
+    is a standby, without an epoch."""
+    port = free_port()
+    standby = start(job, "--standby", "--port", str(port))
     standby.wait_for_line(warm, STEP_TIMEOUT_S)
+    status = wait_until(lambda: status_of(port), 60)
+    assert (status["state"], status["epoch"]) == ("standby", None), status
     return standby
+
+
+def status_of(port: int) -> dict | None:
+    """A driver's /v1/status, or None while its API does not answer yet."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/v1/status", timeout=60).json()
+    except httpx.TransportError:
+        return None
 
 
 def settle(driver: Driver) -> None:
