@@ -36,8 +36,13 @@ class LastBatch(ApiModel):
 class Status(ApiModel):
     job: str
     state: str = Field(
-        description="starting, initialized, recovering (re-running batches from the checkpoint), "
-        "running, stopping or stopped."
+        description="starting, initialized, standby (waiting for the checkpoint's lead), "
+        "recovering (re-running batches from the checkpoint), running, stopping or stopped."
+    )
+    epoch: int | None = Field(
+        default=None,
+        description="The epoch this driver leads the checkpoint under; null without a "
+        "checkpoint or while a standby.",
     )
     batch_interval_seconds: float = Field(gt=0)
     last_batch: LastBatch | None = Field(description="null until the first batch completes.")

@@ -165,10 +165,12 @@ class RuntimeView:
             for name, controller in scheduler.rate_controllers.items():
                 rate_limit[name] = controller.rate_limit
             now_ms = scheduler.clock.now_ms()
-            backlog = {source.name: source.backlog(now_ms) for source in sources}
+            if scheduler.state != "standby":  # a standby's sources start when it leads
+                backlog = {source.name: source.backlog(now_ms) for source in sources}
         return Status(
             job=runtime.job.metadata.name,
             state=self._state(),
+            epoch=scheduler.fence.epoch if scheduler is not None and scheduler.fence else None,
             batch_interval_seconds=runtime.job.spec.batch_interval_ms / 1000,
             last_batch=last_batch_of(history[-1]) if history else None,
             rate_limit=rate_limit,

@@ -291,10 +291,13 @@ class StreamingContext:
             )
         return controllers
 
-    def start(self) -> None:
+    def start(self, *, standby: bool = False) -> None:
         """Start the streams; with a checkpoint from an earlier run, recover from it first.
         With a checkpoint, the graph is pickled into it first: a function that cannot be is
-        reported here (GraphNotSerializableError, a Py4JJavaError as in pyspark.streaming)."""
+        reported here (GraphNotSerializableError, a Py4JJavaError as in pyspark.streaming).
+        A checkpoint is led by one driver at a time (runtime/lease.py): one led by a live
+        driver raises CheckpointInUseError, unless `standby`, which waits (following the
+        checkpoint) until that driver is gone and then takes over."""
         if self._state == "active":
             raise RuntimeError("StreamingContext has already been started")
         if self._state == "stopped":
@@ -309,7 +312,7 @@ class StreamingContext:
         )
         for listener in self._pending_listeners:
             self._scheduler.add_listener(listener)
-        self._scheduler.start()
+        self._scheduler.start(standby=standby)
         self._state = "active"
         StreamingContext._activeContext = self
 

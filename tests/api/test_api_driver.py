@@ -69,6 +69,7 @@ def test_status_reports_the_running_job(driver):
     status = driver.get("/v1/status").json()
     assert status["job"] == "apitest"
     assert status["state"] == "running"
+    assert status["epoch"] == 1  # the first driver of its checkpoint
     assert status["batchIntervalSeconds"] == 1.0
     assert status["lastBatch"]["records"] > 0
     assert status["lastBatch"]["processingSeconds"] > 0

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 STATUS_FIELDS = {
     "job",
     "state",
+    "epoch",
     "batchIntervalSeconds",
     "lastBatch",
     "rateLimit",

@@ -150,8 +150,8 @@ def test_once_the_tables_exist_a_role_without_create_privilege_writes(sc, postgr
     execute(postgres, f"CREATE ROLE {table}_writer LOGIN")
     execute(
         postgres,
-        f"GRANT SELECT, INSERT, UPDATE ON {table}, dstream_commits, dstream_rejected"
-        f" TO {table}_writer",
+        f"GRANT SELECT, INSERT, UPDATE ON {table}, dstream_commits, dstream_rejected,"
+        f" dstream_epochs TO {table}_writer",
     )
     settings = PostgresSettings(dsn=postgres.dsn(f"{table}_writer"), table=table)
     PostgresSink(JOB, settings)(at(1001), sc.parallelize([("b", 2)]))
@@ -357,3 +357,37 @@ def test_a_job_spec_attaches_the_sink(sc, postgres, table):
     (output,) = ssc._graph.outputs
     assert isinstance(output.func, PostgresSink)
     assert (output.func.job, output.func.settings.table, output.func.output) == (JOB, table, 0)
+
+
+def test_a_deposed_drivers_batch_is_refused_inside_its_transaction(sc, postgres, table, tmp_path):
+    """Two drivers of one job: once epoch 2 wrote, epoch 1's transaction rolls back whole."""
+    from dstream.runtime.fencing import DeposedError, EpochLedger, Fence, set_current_fence
+
+    ledger = EpochLedger(tmp_path)
+    settings = PostgresSettings(dsn=postgres.dsn(), table=table)
+    output = PostgresSink(f"{table}-job", settings)
+    try:
+        set_current_fence(Fence(ledger, 2))
+        output(at(1000), sc.parallelize([("new", 1)]))
+        set_current_fence(Fence(ledger, 1))
+        with pytest.raises(DeposedError, match=r"epoch 2 was claimed .* held epoch 1"):
+            output(at(1001), sc.parallelize([("old", 1)]))
+    finally:
+        set_current_fence(None)
+    assert query(postgres, f"SELECT key FROM {table}") == [("new",)]
+    assert query(postgres, f"SELECT epoch FROM {COMMIT_TABLE} WHERE target = %s", table) == [(2,)]
+
+
+def test_a_commit_table_from_before_epochs_gets_its_epoch_column(sc, postgres, table):
+    schema = f"{table}_s"
+    execute(postgres, f"CREATE SCHEMA {schema}")
+    execute(
+        postgres,
+        f"CREATE TABLE {schema}.{COMMIT_TABLE} (job text NOT NULL, target text NOT NULL,"
+        " output integer NOT NULL, batch_time timestamptz NOT NULL,"
+        " rows bigint NOT NULL DEFAULT 0, rejected bigint NOT NULL DEFAULT 0,"
+        " committed_at timestamptz NOT NULL DEFAULT now(),"
+        " PRIMARY KEY (job, target, output, batch_time))",
+    )
+    sink(postgres, f"{schema}.t")(at(1000), sc.parallelize([("a", 1)]))
+    assert query(postgres, f"SELECT epoch, rows FROM {schema}.{COMMIT_TABLE}") == [(0, 1)]

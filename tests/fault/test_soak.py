@@ -26,7 +26,11 @@ ranges, in batch order, must be exactly what the producer wrote, per stream or d
 admitted twice, nothing skipped), and every committed batch's counts, running totals and window
 must equal those of its input (harness.judge). One line per feed:
 
-    soak: driver_kills=N executor_kills=M batches=B lost=L duplicated=D recovery_p50=Xs ... feed=F
+    soak: driver_kills=N executor_kills=M batches=B lost=L duplicated=D recovery_p50=Xs ...
+          <phase>_p50=Xs <phase>_p90=Ys ... feed=F
+
+(the phases of the restarted drivers' recovery timelines, runtime/timeline.py, in seconds after
+each kill).
 
 `make test` runs the redis feed with 3 + 3 kills; `make soak` runs both feeds with 20 + 20 and a
 20 s outage (SOAK_DRIVER_KILLS, SOAK_EXECUTOR_KILLS, SOAK_OUTAGE_S, SOAK_FEEDS; SOAK_DURATION_S
@@ -37,8 +41,10 @@ starting the JVM and both executors.
 
 from __future__ import annotations
 
+import math
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -55,6 +61,7 @@ import psycopg
 import pyspark
 import pytest
 import redis
+from dstream.runtime.timeline import PHASES
 from dstream.worker import textgen
 from fault.harness import (
     BatchLogWatch,
@@ -83,6 +90,7 @@ POLICY = {"retries": 8, "backoffSeconds": 1}  # retries until 255 s after the fi
 STEP_TIMEOUT_S = 300
 OUTPUT_RETRIED = "running its outputs failed"  # the scheduler's warning before a retry
 LINES_PER_S = 100
+TIMELINE = re.compile(r"recovery timeline: phase=(\w+) at=([\d.]+)")
 RECORD_BYTES = 60
 
 
@@ -351,15 +359,31 @@ class Tally:
     driver_kills: int = 0
     executor_kills: int = 0
     killed_at: float | None = None  # the last driver kill not yet followed by a new commit
+    killed_wall: float = 0.0  # the same kill on the wall clock the drivers' timelines use
     driver_recoveries: list[float] = field(default_factory=list)
     executor_recoveries: list[float] = field(default_factory=list)
+    phases: dict[str, list[float]] = field(default_factory=dict)  # seconds after the kill
     apps: set[str] = field(default_factory=set)  # their workers' directories go at the end
+
+    def killed(self) -> None:
+        self.killed_at, self.killed_wall = time.monotonic(), time.time()
+        self.driver_kills += 1
 
     def committed(self, at: float) -> None:
         """A driver run committed a batch at `at`: the last kill, if any, is recovered from."""
         if self.killed_at is not None:
             self.driver_recoveries.append(at - self.killed_at)
             self.killed_at = None
+
+    def read_timeline(self, driver: Driver) -> None:
+        """At the end of a driver run that followed a kill: the phases of its recovery
+        timeline, in seconds after that kill."""
+        if not self.killed_wall:
+            return
+        for line in list(driver.lines):
+            if found := TIMELINE.search(line.text):
+                phase, wall = found.group(1), float(found.group(2))
+                self.phases.setdefault(phase, []).append(wall - self.killed_wall)
 
     def until(self, lives_s: float) -> float:
         """Seconds from now until `lives_s` after the soak's start (0 when past)."""
@@ -428,14 +452,15 @@ def live_through(run: Run, job: FeedJob, rng: random.Random, tally: Tally) -> No
                 sink_outage(driver, job.feed)
             time.sleep(tally.until(run.lives_s) + rng.uniform(0, job.batch_s))  # when it dies
             tally.apps.update(executor_pids(driver.pid).values())
+            tally.read_timeline(driver)
             driver.kill()
         else:
             assert driver.wait(STEP_TIMEOUT_S) == -signal.SIGKILL, f"{fault} did not kill it"
+            tally.read_timeline(driver)
             batches = [line.at for line in driver.lines if is_batch(line.text)]
             if batches:  # it may die at its fault point before committing anything
                 tally.committed(batches[0])
-        tally.killed_at = time.monotonic()
-        tally.driver_kills += 1
+        tally.killed()
     finally:
         driver.kill()
 
@@ -457,6 +482,7 @@ def last_run(job: FeedJob, batch_log: BatchLogWatch, tally: Tally) -> list[Recor
         )
         tally.apps.update(executor_pids(driver.pid).values())
         assert driver.terminate(timeout_s=120) == 0
+        tally.read_timeline(driver)
     finally:
         driver.kill()
     return written
@@ -513,15 +539,31 @@ def seconds(values: list[float], pick) -> str:
     return f"{pick(values):.1f}s" if values else "-"
 
 
+def p90(values: list[float]) -> float:
+    """The nearest-rank 90th percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
+
+
 def soak_line(tally: Tally, verdict: Verdict, feed: str) -> str:
+    """The summary: counts, the verdict, recovery p50/max, and per phase of the restarted
+    drivers' timelines (runtime/timeline.py) its p50/p90 in seconds after the kill."""
     recoveries = tally.driver_recoveries
+    phases = " ".join(
+        f"{phase}_p50={seconds(tally.phases[phase], statistics.median)} "
+        f"{phase}_p90={seconds(tally.phases[phase], p90)}"
+        for phase in PHASES
+        if phase in tally.phases
+    )
     return (
         f"soak: driver_kills={tally.driver_kills} executor_kills={tally.executor_kills} "
         f"batches={verdict.batches} lost={verdict.lost} duplicated={verdict.duplicated} "
         f"recovery_p50={seconds(recoveries, statistics.median)} "
+        f"recovery_p90={seconds(recoveries, p90)} "
         f"recovery_max={seconds(recoveries, max)} "
         f"executor_recovery_p50={seconds(tally.executor_recoveries, statistics.median)} "
-        f"executor_recovery_max={seconds(tally.executor_recoveries, max)} feed={feed}"
+        f"executor_recovery_p90={seconds(tally.executor_recoveries, p90)} "
+        f"executor_recovery_max={seconds(tally.executor_recoveries, max)} {phases} feed={feed}"
     )
 
 

@@ -24,6 +24,13 @@ the batch fits it, before anything is written. A record that does not fit a tabl
 fit (a dict missing a column, a value PostgreSQL refuses) is counted and left out of the table:
 it goes, as JSON with the reason, into the dead-letter table `dstream_rejected` in the same
 transaction, so it is recorded exactly once too; the rest of the batch commits.
+
+Fencing (runtime/fencing.py): with a checkpoint, the driver writes under an epoch, and the
+transaction first raises the job's row of `dstream_epochs` to it, which it may only do when no
+newer epoch wrote there; else a newer driver leads, and the transaction is rolled back with a
+DeposedError. The row lock serialises the two drivers' transactions, so a deposed driver's
+output cannot land after its successor's first batch, however long it was frozen. The commit
+row keeps the epoch of the driver that wrote the batch.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from pyspark import RDD
 
+from dstream.runtime.fencing import DeposedError, current_fence
 from dstream.runtime.timeutil import time_to_ms
 from dstream.spec import PostgresSink as PostgresSettings
 from dstream.spec import password_env
@@ -54,6 +62,7 @@ log = logging.getLogger(__name__)
 
 COMMIT_TABLE = "dstream_commits"
 REJECTED_TABLE = "dstream_rejected"
+EPOCH_TABLE = "dstream_epochs"
 BATCH_TIME = "batch_time"
 CONNECT_TIMEOUT_S = 10
 
@@ -231,8 +240,13 @@ class PostgresSink:
         batch is already committed. Returns the records left out."""
         batch_time = datetime.fromtimestamp(batch_ms / 1000, UTC)
         rows = [row_of(record) for record in records]
+        fence = current_fence()
+        epoch = fence.epoch if fence is not None else 0
         with self.connect() as conn, conn.transaction():
-            if not self.claim(conn, batch_time):
+            self.create_bookkeeping(conn)
+            if fence is not None:
+                self.check_epoch(conn, epoch)
+            if not self.claim(conn, batch_time, epoch):
                 log.info("batch %s already committed to %s", batch_time, self.settings.table)
                 return []
             columns = self.prepare_table(conn, rows)
@@ -256,15 +270,31 @@ class PostgresSink:
             self.record_rejected(conn, batch_time, rejected)
         return rejected
 
-    def claim(self, conn: psycopg.Connection, batch_time: datetime) -> bool:
+    def check_epoch(self, conn: psycopg.Connection, epoch: int) -> None:
+        """Raise the job's epoch row to `epoch`, locking it until the transaction ends;
+        DeposedError when a newer epoch is there already (a newer driver leads)."""
+        table = self.own_table(EPOCH_TABLE)
+        raised = conn.execute(
+            sql.SQL(
+                "INSERT INTO {0} (job, epoch) VALUES (%s, %s) ON CONFLICT (job) DO UPDATE"
+                " SET epoch = EXCLUDED.epoch WHERE {0}.epoch <= EXCLUDED.epoch RETURNING epoch"
+            ).format(table),
+            (self.job, epoch),
+        ).fetchone()
+        if raised is None:
+            (newer,) = conn.execute(
+                sql.SQL("SELECT epoch FROM {} WHERE job = %s").format(table), (self.job,)
+            ).fetchone()
+            raise DeposedError(epoch, newer, f"the {EPOCH_TABLE} row of job {self.job}")
+
+    def claim(self, conn: psycopg.Connection, batch_time: datetime, epoch: int) -> bool:
         """Insert this batch's commit row; False when a committed run already holds it."""
-        self.create_bookkeeping(conn)
         cursor = conn.execute(
             sql.SQL(
-                "INSERT INTO {} (job, target, output, batch_time) VALUES (%s, %s, %s, %s)"
+                "INSERT INTO {} (job, target, output, batch_time, epoch) VALUES (%s, %s, %s, %s, %s)"
                 " ON CONFLICT DO NOTHING"
             ).format(self.own_table(COMMIT_TABLE)),
-            (self.job, self.settings.table, self.output, batch_time),
+            (self.job, self.settings.table, self.output, batch_time, epoch),
         )
         return cursor.rowcount == 1
 
@@ -278,16 +308,32 @@ class PostgresSink:
             " rejected bigint NOT NULL DEFAULT 0, committed_at timestamptz NOT NULL DEFAULT now(),"
             " PRIMARY KEY (job, target, output, batch_time)",
             REJECTED_TABLE: batch + ", record jsonb, reason text NOT NULL",
+            EPOCH_TABLE: "job text PRIMARY KEY, epoch bigint NOT NULL",
         }
         for name, definition in columns.items():
             if not self.exists(conn, self.own_name(name)):
                 conn.execute(
                     sql.SQL("CREATE TABLE {} (" + definition + ")").format(self.own_table(name))
                 )
+        if not self.has_column(conn, self.own_name(COMMIT_TABLE), "epoch"):  # older tables too
+            conn.execute(
+                sql.SQL("ALTER TABLE {} ADD COLUMN epoch bigint NOT NULL DEFAULT 0").format(
+                    self.own_table(COMMIT_TABLE)
+                )
+            )
 
     @staticmethod
     def exists(conn: psycopg.Connection, name: str) -> bool:
         return conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is not None
+
+    @staticmethod
+    def has_column(conn: psycopg.Connection, table: str, column: str) -> bool:
+        found = conn.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s"
+            " AND NOT attisdropped",
+            (table, column),
+        )
+        return found.fetchone() is not None
 
     def record_rejected(
         self, conn: psycopg.Connection, batch_time: datetime, rejected: list[Rejected]

@@ -8,12 +8,16 @@ Layout under the checkpoint path:
                             checkpoints that batch made (a batch skipped under failurePolicy
                             onExhausted: skip is committed with its error and skipped ranges,
                             so a restart does not re-run it)
+    epochs/epoch-<n>.json   the drivers that led the checkpoint, one claim each (fencing.py);
+                            every record and commit carries its writer's epoch
     state/                  Spark's reliable RDD checkpoints (sc.setCheckpointDir), and
                             windows' durable batch reductions beside them (durable.py)
     deadletter/             malformed input records, per batch
 Every file is written to a temporary name, fsynced and renamed, and carries a checksum, so a
 crash mid-write leaves either the old state or a file that is detected as torn and ignored; a
 write the storage refuses (read-only, full) raises CheckpointWriteError and leaves no part behind.
+Batch records and commit markers are created exclusively (linked to their name, never renamed
+over one), so a record, once written, is the batch's for good, whichever driver wrote it.
 """
 
 from __future__ import annotations
@@ -27,9 +31,13 @@ import re
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dstream.runtime.fencing import Fence
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +79,13 @@ class CheckpointWriteError(OSError):
         return f"cannot write checkpoint file {self.filename}: {self.strerror}"
 
 
+class LogConflictError(RuntimeError):
+    """A batch record or commit marker that this driver was about to create exists already,
+    with other content: written by a deposed driver in the moment between its last fence check
+    and its write. The run stops; a restart recovers from the log, which that file is now part
+    of."""
+
+
 class CheckpointMismatchError(RuntimeError):
     """The checkpoint was written by a different streaming graph than the one being started."""
 
@@ -87,6 +102,21 @@ def write_atomically(path: Path, data: bytes, fault: str | None = None) -> None:
     Storage that refuses the write (read-only, full, gone) raises CheckpointWriteError after
     the temporary file is removed, so `path` keeps its previous content or, when only the
     directory sync failed, the complete new one: never a part."""
+    _write_then_place(path, data, fault, os.replace)
+
+
+def create_exclusively(path: Path, data: bytes, fault: str | None = None) -> None:
+    """As write_atomically, but `path` must not exist yet: the temporary file is hard-linked to
+    its name, which fails with FileExistsError when the name is taken (a link, atomic on local
+    file systems and NFS alike, never replaces a file as a rename does)."""
+    _write_then_place(path, data, fault, os.link)
+
+
+def _write_then_place(
+    path: Path, data: bytes, fault: str | None, place: Callable[[Path, Path], None]
+) -> None:
+    """Write `data` to a temporary sibling, fsync it, `place` it at `path` (a rename or a
+    link), fsync the directory; the temporary file is gone afterwards, whatever happened."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,12 +126,15 @@ def write_atomically(path: Path, data: bytes, fault: str | None = None) -> None:
             os.fsync(out.fileno())
         if fault:
             fault_point(fault)
-        os.replace(tmp, path)
+        place(tmp, path)
         _fsync_directory(path.parent)
+    except FileExistsError:
+        raise
     except OSError as error:
+        raise CheckpointWriteError(error.errno, error.strerror or str(error), str(path)) from error
+    finally:
         with contextlib.suppress(OSError):  # read-only: it was never created
             tmp.unlink(missing_ok=True)
-        raise CheckpointWriteError(error.errno, error.strerror or str(error), str(path)) from error
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -114,9 +147,16 @@ def _fsync_directory(directory: Path) -> None:
 
 def write_document(path: Path, document: dict[str, Any], fault: str = "document-write") -> None:
     """A JSON document wrapped with the sha256 of its canonical body, written atomically."""
-    body = json.dumps(document, sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(body.encode()).hexdigest()
-    write_atomically(path, json.dumps({"sha256": digest, "body": document}).encode(), fault)
+    write_atomically(path, _wrapped(document), fault)
+
+
+def _canonical(document: dict[str, Any]) -> str:
+    return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+
+def _wrapped(document: dict[str, Any]) -> bytes:
+    digest = hashlib.sha256(_canonical(document).encode()).hexdigest()
+    return json.dumps({"sha256": digest, "body": document}).encode()
 
 
 def read_document(path: Path) -> dict[str, Any]:
@@ -127,8 +167,7 @@ def read_document(path: Path) -> dict[str, Any]:
         digest = wrapper["sha256"]
     except (ValueError, KeyError, TypeError) as error:
         raise TornFileError(f"{path}: unreadable ({error})") from None
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    if hashlib.sha256(canonical.encode()).hexdigest() != digest:
+    if hashlib.sha256(_canonical(body).encode()).hexdigest() != digest:
         raise TornFileError(f"{path}: checksum mismatch")
     return body
 
@@ -145,6 +184,12 @@ class LogState:
     def pending(self) -> list[int]:
         """Batches that were planned but never committed: they are re-run with the same input."""
         return sorted(t for t in self.records if t not in self.commits)
+
+    @property
+    def newest_epoch(self) -> int:
+        """The newest epoch an entry was written under (0: none, or written before epochs)."""
+        entries = [*self.records.values(), *self.commits.values()]
+        return max((entry.get("epoch", 0) for entry in entries), default=0)
 
     @property
     def last_time(self) -> int | None:
@@ -198,25 +243,49 @@ class CheckpointDir:
         write_document(self.path / "metadata.json.bk", metadata)
         write_document(self.path / "metadata.json", metadata)
 
-    def write_batch(self, time_ms: int, record: dict[str, Any]) -> None:
-        write_document(
-            self.log_dir / f"batch-{time_ms}.json",
-            {"time": time_ms, **record},
-            "batch-record-write",
-        )
+    def write_batch(self, time_ms: int, record: dict[str, Any], fence: Fence | None = None) -> None:
+        """Create the batch's record, under the fence's epoch (0 without one)."""
+        self._create_entry(f"batch-{time_ms}.json", time_ms, record, "batch-record-write", fence)
 
-    def write_commit(self, time_ms: int, commit: dict[str, Any]) -> None:
-        write_document(
-            self.log_dir / f"commit-{time_ms}.json", {"time": time_ms, **commit}, "commit-write"
-        )
+    def write_commit(
+        self, time_ms: int, commit: dict[str, Any], fence: Fence | None = None
+    ) -> None:
+        """Create the batch's commit marker, under the fence's epoch (0 without one)."""
+        self._create_entry(f"commit-{time_ms}.json", time_ms, commit, "commit-write", fence)
 
-    def load_log(self) -> LogState:
-        """Every readable record and commit; torn files are reported and skipped."""
+    def _create_entry(
+        self, name: str, time_ms: int, body: dict[str, Any], fault: str, fence: Fence | None
+    ) -> None:
+        """Check the fence (DeposedError when a newer epoch leads), then create the log entry
+        exclusively. An entry that exists already with this very content is an earlier attempt
+        of this driver whose write went through; with other content, it is a newer driver's
+        (DeposedError) or a deposed one's (LogConflictError)."""
+        document = {"time": time_ms, **body, "epoch": fence.epoch if fence else 0}
+        if fence is not None:
+            fence.check()
+        path = self.log_dir / name
+        try:
+            create_exclusively(path, _wrapped(document), fault)
+        except FileExistsError:
+            existing = read_document(path)
+            if _canonical(existing) == _canonical(json.loads(json.dumps(document))):
+                return
+            if fence is not None:
+                fence.check()
+            raise LogConflictError(
+                f"{path} exists already, written under epoch {existing.get('epoch', 0)}: "
+                "another driver wrote this batch; restart to recover from the log"
+            ) from None
+
+    def load_log(self, tidy: bool = True) -> LogState:
+        """Every readable record and commit; torn files are reported and skipped, and deleted
+        with the temporary files of writers that crashed when `tidy` (a standby following the
+        log while the leader writes it leaves them be)."""
         state = LogState()
         if not self.log_dir.exists():
             return state
         for entry in sorted(self.log_dir.iterdir()):
-            if _TEMP_FILE.match(entry.name):
+            if tidy and _TEMP_FILE.match(entry.name):
                 entry.unlink(missing_ok=True)  # a writer that crashed before its rename
             for pattern, target in ((_BATCH_FILE, state.records), (_COMMIT_FILE, state.commits)):
                 match = pattern.match(entry.name)
@@ -224,10 +293,13 @@ class CheckpointDir:
                     continue
                 try:
                     target[int(match.group(1))] = read_document(entry)
+                except FileNotFoundError:
+                    continue  # pruned by the leader since the listing
                 except TornFileError as error:
                     log.warning("ignoring torn checkpoint file: %s", error)
                     state.torn.append(entry.name)
-                    entry.unlink(missing_ok=True)
+                    if tidy:
+                        entry.unlink(missing_ok=True)
         return state
 
     def prune(self, keep_from_ms: int, keep_state_paths: set[str], current_run: str | None) -> None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyspark import RDD
+from pyspark import RDD, SparkContext
 from pyspark.rdd import Partitioner, portable_hash
 
 from dstream.runtime import durable
@@ -24,6 +26,7 @@ from dstream.runtime.checkpoint import (
     check_state_checkpoint,
     compare_signatures,
 )
+from dstream.runtime.fencing import DeposedError, Fence
 from dstream.runtime.timeutil import datetime_of
 
 if TYPE_CHECKING:
@@ -64,10 +67,19 @@ def recovery_counts(recovery: Recovery | None) -> dict[str, int]:
 class CheckpointRecovery:
     """One restart's recovery of a graph from its checkpoint directory (`run` does it)."""
 
-    def __init__(self, ssc: StreamingContext, graph: DStreamGraph, checkpoint: CheckpointDir):
+    def __init__(
+        self,
+        ssc: StreamingContext,
+        graph: DStreamGraph,
+        checkpoint: CheckpointDir,
+        fence: Fence | None = None,
+        verified: frozenset[str] = frozenset(),
+    ):
         self._ssc = ssc
         self._graph = graph
         self._checkpoint = checkpoint
+        self._fence = fence
+        self._verified = verified  # state checkpoints a standby read through already
 
     def run(self) -> Recovery:
         """Rebuild sources and state from the checkpoint; return the uncommitted batches to re-run."""
@@ -78,6 +90,8 @@ class CheckpointRecovery:
         # The graph in force (restored, or rebuilt by a setup or a job spec) for the next restart.
         self._checkpoint.write_metadata(self._ssc._checkpoint_metadata(metadata["zeroMs"]))
         found = self._checkpoint.load_log()
+        if self._fence is not None and found.newest_epoch > self._fence.epoch:
+            raise DeposedError(self._fence.epoch, found.newest_epoch)
         for time_ms in sorted(found.records):
             record = found.records[time_ms]
             for source in self._graph.inputs:
@@ -160,9 +174,10 @@ class CheckpointRecovery:
         try:
             if durable.is_durable(path):
                 return self._graph.read_durably(sc, path)
-            check_state_checkpoint(path)
             jrdd = sc._jsc.checkpointFile(path)
-            jrdd.count()
+            if path not in self._verified:  # Spark's checkpoints are never changed once written
+                check_state_checkpoint(path)
+                jrdd.count()
         except Exception as error:
             log.warning(
                 "checkpoint %s unreadable (%s): not used (an older one, or the source, serves)",
@@ -206,3 +221,73 @@ class CheckpointRecovery:
                 + "\n".join(f"  - {p}" for p in problems)
                 + "\nstart fresh (`dstream run --fresh`) to move it aside and begin again"
             )
+
+
+class CheckpointFollower:
+    """What a standby does while it waits for the lead, in a thread of its own so that the
+    lease is polled meanwhile: it follows the leader's checkpoint, so that taking over costs as
+    little as possible. First it warms the Python workers (a job per core, so each executor's
+    worker daemon is up); then every `every_s` it reads the metadata and the log (the page
+    cache keeps them) and reads each stream's newest state checkpoint through once in the JVM,
+    which recovery then need not do again (`verified`). It only reads: the leader is writing
+    the same directory."""
+
+    def __init__(self, ssc: StreamingContext, checkpoint: CheckpointDir, every_s: float = 2.0):
+        self._ssc = ssc
+        self._checkpoint = checkpoint
+        self._every_s = every_s
+        self._verified: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="dstream-standby", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> frozenset[str]:
+        """Stop following (a Spark job under way finishes on its own); the state checkpoints
+        verified so far."""
+        self._stop.set()
+        with self._lock:
+            return frozenset(self._verified)
+
+    def _follow(self) -> None:
+        sc = self._ssc.sparkContext
+        try:
+            self._warm_up(sc)
+            self._read_checkpoint()
+            log.info(
+                "standby: warm, following %s (%d state checkpoints read through)",
+                self._checkpoint.path,
+                len(self._verified),
+            )
+            while not self._stop.wait(self._every_s):
+                self._read_checkpoint()
+        except Exception as error:  # stopped under it: recovery reads what it needs itself
+            log.info("standby: stopped following the checkpoint (%s)", error)
+
+    @staticmethod
+    def _warm_up(sc: SparkContext, rounds: int = 3) -> None:
+        """Run a few small shuffles of Python pairs, as a stateful batch does: each executor's
+        Python workers start, and the JVM compiles the shuffle's code before it is needed."""
+        slots = sc.defaultParallelism
+        for _ in range(rounds):
+            pairs = sc.parallelize(range(slots * 1000), slots).map(lambda n: (n % 97, 1))
+            pairs.reduceByKey(operator.add).count()
+
+    def _read_checkpoint(self) -> None:
+        sc = self._ssc.sparkContext
+        self._checkpoint.read_metadata()
+        found = self._checkpoint.load_log(tidy=False)
+        for checkpoints in found.state_checkpoints().values():
+            path = checkpoints[0][1]
+            if self._stop.is_set() or path in self._verified or durable.is_durable(path):
+                continue
+            try:
+                check_state_checkpoint(path)
+                sc._jsc.checkpointFile(path).count()
+            except Exception as error:  # pruned or being written: the next round or recovery
+                log.debug("standby: state checkpoint %s not read yet (%s)", path, error)
+                continue
+            with self._lock:
+                self._verified.add(path)

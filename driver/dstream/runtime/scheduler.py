@@ -28,14 +28,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from dstream.runtime import durable, pools
+from dstream.runtime import durable, pools, timeline
 from dstream.runtime.checkpoint import (
     CheckpointDir,
     CheckpointWriteError,
+    LogConflictError,
     fault_point,
 )
 from dstream.runtime.failure import BatchFailedError, FailurePolicy
-from dstream.runtime.recovery import CheckpointRecovery, Recovery
+from dstream.runtime.fencing import (
+    DeposedError,
+    Fence,
+    epoch_source_from_env,
+    set_current_fence,
+)
+from dstream.runtime.lease import DEFAULT_DURATION_S, DURATION_KEY, CheckpointLease
+from dstream.runtime.recovery import CheckpointFollower, CheckpointRecovery, Recovery
 from dstream.runtime.timeutil import datetime_of
 
 if TYPE_CHECKING:
@@ -46,6 +54,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 HISTORY = 1000
+# Failures that no retry can mend: a newer driver leads (DeposedError), or wrote this batch's
+# log entry already (LogConflictError). The run stops at once.
+FINAL_FAILURES = (DeposedError, LogConflictError)
 # Spark writes a marked RDD's marked ancestors in the same job too, not only the RDD: a window
 # and its durable batch reductions are both marked in the batches that checkpoint the window.
 CHECKPOINT_ALL_MARKED = "spark.checkpoint.checkpointAllMarkedAncestors"
@@ -173,6 +184,9 @@ class BatchScheduler:
         self.history: deque[BatchInfo] = deque(maxlen=HISTORY)
         self.current: BatchInfo | None = None
         self.recovery: Recovery | None = None
+        self.lease: CheckpointLease | None = None
+        self.fence: Fence | None = None
+        self._follower: CheckpointFollower | None = None
         self.state = "initialized"
         self._completed = threading.Condition()
 
@@ -193,11 +207,21 @@ class BatchScheduler:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> None:
-        first_ms = self._recover() if self._checkpoint and self._checkpoint.exists() else None
-        if first_ms is None:
-            first_ms = self._start_fresh()
+    def start(self, standby: bool = False) -> None:
+        """Take the checkpoint's lead (as a `standby`, wait for it, following the checkpoint),
+        recover from it or start fresh, and start the timer and the runner."""
+        if self._checkpoint is not None:
+            self._lead(self._checkpoint, standby)
+        try:
+            first_ms = self._recover() if self._checkpoint and self._checkpoint.exists() else None
+            if first_ms is None:
+                first_ms = self._start_fresh()
+        except BaseException:
+            self._release_lead()  # refused (mismatch, unrecoverable, deposed): not leading
+            raise
         self.state = "recovering" if self.recovery and self.recovery.replayed else "running"
+        if self.recovery and self.state == "running":
+            timeline.mark("replayed")  # nothing to replay
         self._threads = [
             threading.Thread(
                 target=self._generate_loop, args=(first_ms,), name="dstream-timer", daemon=True
@@ -206,6 +230,26 @@ class BatchScheduler:
         ]
         for thread in self._threads:
             thread.start()
+
+    def _lead(self, checkpoint: CheckpointDir, standby: bool) -> None:
+        """Hold the checkpoint's lease for the run (lease.py) under a new epoch, which every
+        log entry carries and every write checks (fencing.py)."""
+        conf = self._ssc.sparkContext.getConf()
+        duration_s = float(conf.get(DURATION_KEY, str(DEFAULT_DURATION_S)))
+        self.lease = CheckpointLease(checkpoint.path, duration_s, epoch_source_from_env())
+        if standby:
+            self.state = "standby"
+            self._follower = CheckpointFollower(self._ssc, checkpoint)
+            self._follower.start()
+        self.fence = self.lease.acquire(wait=standby)
+        timeline.mark("lead_taken")
+        set_current_fence(self.fence)
+        self.lease.start_renewing(self._deposed)
+
+    def _deposed(self, error: DeposedError) -> None:
+        """A newer driver leads: no new batch starts, and awaitTermination raises the error."""
+        self._stop_generating.set()
+        self._ssc._report_error(error)
 
     def _start_fresh(self) -> int:
         batch = self._graph.batch_ms
@@ -219,7 +263,11 @@ class BatchScheduler:
         """Recover from the checkpoint (dstream.runtime.recovery) and queue its uncommitted
         batches to run first, each with the ranges its record holds; the first new time."""
         assert self._checkpoint is not None
-        self.recovery = CheckpointRecovery(self._ssc, self._graph, self._checkpoint).run()
+        verified = self._follower.stop() if self._follower else frozenset()
+        self.recovery = CheckpointRecovery(
+            self._ssc, self._graph, self._checkpoint, self.fence, verified
+        ).run()
+        timeline.mark("state_restored")
         for time_ms, record in self.recovery.pending_records.items():
             info = BatchInfo(
                 time_ms,
@@ -246,7 +294,13 @@ class BatchScheduler:
             self._wakeup.notify_all()
         if len(self._threads) > 1:
             self._threads[1].join()
+        self._release_lead()
         self.state = "stopped"
+
+    def _release_lead(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            set_current_fence(None)
 
     # -- the timer ------------------------------------------------------------------------
 
@@ -287,6 +341,7 @@ class BatchScheduler:
                 return
             if self.state == "recovering" and not self._replays:
                 self.state = "running"
+                timeline.mark("replayed")
 
     def _take_next(self) -> BatchInfo | list[int] | None:
         """A recovered batch first, else the due times the next batch stands for (all of them
@@ -357,6 +412,8 @@ class BatchScheduler:
         self.history.append(info)
         if outcome.status == "committed":
             self._update_rates(info)
+            if info.kind == "live" and (info.schedulingDelay() or 0) < self._graph.batch_ms:
+                timeline.mark("on_schedule")
         self._notify("onBatchCompleted", info)
         with self._completed:
             self._completed.notify_all()
@@ -394,6 +451,8 @@ class BatchScheduler:
         supervisors waiting there learn of it while the retries go on."""
         while (failure := attempt()) is not None:
             self._ssc._report_error(failure)
+            if isinstance(failure, FINAL_FAILURES):
+                return failure
             spent = info.retries == self.failure_policy.retries
             if spent or not self._back_off(info, step, failure):
                 return failure
@@ -410,7 +469,7 @@ class BatchScheduler:
         failure = self._write_checkpoint(
             info,
             "writing its batch record",
-            lambda: checkpoint.write_batch(info.batch_time_ms, record),
+            lambda: checkpoint.write_batch(info.batch_time_ms, record, self.fence),
         )
         if failure is None:
             info.record = None  # history keeps the batch, not its record
@@ -426,7 +485,7 @@ class BatchScheduler:
             started = time.perf_counter()
             try:
                 write()
-            except CheckpointWriteError as error:
+            except (CheckpointWriteError, *FINAL_FAILURES) as error:
                 return error
             finally:
                 spent = time.perf_counter() - started
@@ -533,7 +592,7 @@ class BatchScheduler:
         failure = self._write_checkpoint(
             info,
             "writing its commit marker",
-            lambda: checkpoint.write_commit(info.batch_time_ms, commit),
+            lambda: checkpoint.write_commit(info.batch_time_ms, commit, self.fence),
         )
         if failure is None:
             self._prune(info.batch_time_ms)
@@ -544,6 +603,8 @@ class BatchScheduler:
         The batch is committed already: storage that refuses a deletion only delays it to a
         later commit."""
         assert self._checkpoint is not None
+        if self.fence is not None and self.fence.ledger.newest() > self.fence.epoch:
+            return  # deposed since the commit: the newer driver's files are not ours to judge
         stateful = self._graph.stateful_streams()
         if any(not s.checkpoint_data.in_force for s in stateful):
             return

@@ -2,9 +2,11 @@
 
 Exit codes: 0 success (including a graceful stop), 2 invalid manifest or arguments, 3 a checkpoint
 that cannot be used (written by a different program, or damaged beyond exact recovery: `--fresh`
-starts over), 4 a source failed (unreachable, input trimmed away, login refused), 5 a batch failed
-after every retry of its failurePolicy and was left uncommitted (a restart runs it again),
-1 anything else.
+starts over; or led by another live driver: `--standby` waits for it), 4 a source failed
+(unreachable, input trimmed away, login refused), 5 a batch failed after every retry of its
+failurePolicy and was left uncommitted (a restart runs it again), 6 deposed: another driver took
+the checkpoint over under a newer epoch (named in the message) and this one stopped without
+committing more, 1 anything else.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ EXIT_INVALID = 2
 EXIT_CHECKPOINT_MISMATCH = 3
 EXIT_SOURCE_ERROR = 4
 EXIT_BATCH_FAILED = 5
+EXIT_DEPOSED = 6
 
 
 def _conf_pair(text: str) -> tuple[str, str]:
@@ -75,6 +78,12 @@ def add_run_arguments(
         help="extra Spark setting (repeatable)",
     )
     run.add_argument("--quiet", action="store_true", help="no per-batch progress lines")
+    run.add_argument(
+        "--standby",
+        action="store_true",
+        help="start Spark and the job, then wait for the checkpoint's lead (following the "
+        "checkpoint meanwhile) and take over when its leader dies or stops renewing its lease",
+    )
 
 
 def load_or_exit(path: str) -> StreamingJob:
@@ -115,6 +124,8 @@ def run_job(args: argparse.Namespace) -> int:
     if args.checkpoint:
         job.spec.checkpoint = with_path(job.spec.checkpoint, args.checkpoint)
     from dstream.runtime.failure import BatchFailedError
+    from dstream.runtime.fencing import DeposedError
+    from dstream.runtime.lease import CheckpointInUseError
     from dstream.service.job import JobRuntime, ProgressPrinter
     from dstream.sources import SourceError
 
@@ -143,18 +154,28 @@ def run_job(args: argparse.Namespace) -> int:
         )
         runtime.stop_requested = True
 
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    def listen_for_stop() -> None:
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+
+    if not args.standby:  # a standby has nothing to finish until it leads: a signal ends it
+        listen_for_stop()
     try:
-        runtime.start()
-    except (CheckpointMismatchError, CheckpointUnrecoverableError) as error:
+        runtime.start(standby=args.standby)
+    except (CheckpointMismatchError, CheckpointUnrecoverableError, CheckpointInUseError) as error:
         print(f"error: {error}", file=sys.stderr)
         runtime.sc.stop()
         return EXIT_CHECKPOINT_MISMATCH
+    except DeposedError as error:
+        print(f"error: {error}", file=sys.stderr)
+        runtime.sc.stop()
+        return EXIT_DEPOSED
     except SourceError as error:
         print(f"error: {error}", file=sys.stderr)
         runtime.sc.stop()
         return EXIT_SOURCE_ERROR
+    if args.standby:
+        listen_for_stop()
     try:
         runtime.run_until_stopped(args.duration)
     except SourceError as error:
@@ -163,6 +184,9 @@ def run_job(args: argparse.Namespace) -> int:
     except BatchFailedError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BATCH_FAILED
+    except DeposedError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_DEPOSED
     finally:
         if server is not None:
             server.should_exit = True

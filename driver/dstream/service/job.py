@@ -16,9 +16,10 @@ from pyspark import SparkConf, SparkContext
 
 from dstream.connectors import create_sink, create_source
 from dstream.context import StreamingContext
-from dstream.runtime import pools
+from dstream.runtime import pools, timeline
 from dstream.runtime.checkpoint import move_checkpoint_aside
 from dstream.runtime.failure import BatchFailedError
+from dstream.runtime.fencing import DeposedError
 from dstream.runtime.scheduler import BatchInfo
 from dstream.runtime.task_errors import raised_in_task
 from dstream.service.apps import build_app
@@ -136,7 +137,13 @@ class JobRuntime:
         self.job = job
         self.fresh = fresh
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        self.sc = SparkContext.getOrCreate(spark_conf(job, master, conf or {}))
+        timeline.mark_process_started()
+        settings = spark_conf(job, master, conf or {})
+        SparkContext._ensure_initialized(conf=settings)  # the JVM, timed apart from the context
+        timeline.mark("jvm_up")
+        self.sc = SparkContext.getOrCreate(settings)
+        timeline.mark("sparkcontext_up")
+        timeline.watch_executors(self.sc)
         self.sc.setLogLevel(os.environ.get("DSTREAM_SPARK_LOG_LEVEL", "WARN"))
         ignore_sigterm_in_jvm(self.sc)
         if fresh and job.spec.checkpoint is not None:
@@ -151,14 +158,16 @@ class JobRuntime:
     def scheduler(self) -> Any:
         return self.ssc.scheduler
 
-    def start(self) -> None:
-        self.ssc.start()
+    def start(self, standby: bool = False) -> None:
+        """Start the job; as a `standby`, first wait for the lead of its checkpoint."""
+        self.ssc.start(standby=standby)
 
     def run_until_stopped(self, duration_s: float | None = None) -> None:
         """Block until a stop is requested or `duration_s` passes. A batch that failed for good
         (BatchFailedError) stops the job and is raised, as a SourceError when its cause is the
         input (unreachable or lost): going on would quietly change the job's output. A failed
-        attempt of a batch that is being retried, or skipped, is logged."""
+        attempt of a batch that is being retried, or skipped, is logged. A newer driver taking
+        the checkpoint over (DeposedError) stops the job and is raised."""
         deadline = None if duration_s is None else time.monotonic() + duration_s
         while not self.stop_requested:
             if deadline is not None and time.monotonic() >= deadline:
@@ -166,9 +175,14 @@ class JobRuntime:
             try:
                 if self.ssc.awaitTerminationOrTimeout(0.5):
                     break
+            except DeposedError:
+                self.stop()
+                raise
             except BatchFailedError as error:
                 self.stop()
                 cause = error.__cause__
+                if isinstance(cause, DeposedError):
+                    raise cause from None
                 if cause is not None and is_source_error(cause):
                     raise SourceError(source_error_text(cause)) from error
                 raise

@@ -1,0 +1,183 @@
+"""A hot standby takes a job over, and a frozen leader that wakes up commits nothing.
+
+One checkpoint, a driver after another, the rate source producing throughout:
+1. leader A runs; standby B (`dstream run --standby`) starts and waits, following the
+   checkpoint. A's whole process group is frozen (SIGSTOP): it keeps its kernel lock but stops
+   renewing its lease, so B takes over once the lease has expired. A is thawed (SIGCONT): it
+   finds the newer epoch and exits 6 naming it, having committed nothing after the takeover.
+2. STANDBY_ROUNDS times (1 in `make test`): a standby waits and the leader's process group is
+   killed (SIGKILL): the kernel frees the leader's lock and the standby takes over within a
+   poll; then that leader is killed too and a plain `dstream run` is started right after (a
+   restart without standby, as a supervisor would do it).
+3. The last driver commits a batch it planned itself and is stopped gracefully; every committed
+   batch is then compared with the reference computed from the input offsets (harness.verify).
+Each takeover is timed from the fault to the new leader's first committed batch, beside the
+phases of its recovery timeline (runtime/timeline.py); a `takeover:` line sums them up:
+
+    takeover: rounds=N standby_p50=Xs standby_max=Ys restart_p50=Xs restart_max=Ys frozen=Zs
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from harness import Driver, RateJob, fault_seed, verify, wait_until
+from running_driver import free_port
+
+LEASE_S = 5
+ROUNDS = int(os.environ.get("STANDBY_ROUNDS", "1"))
+STEP_TIMEOUT_S = 240
+LEASE_CONF = ("--conf", f"spark.dstream.lease.durationSeconds={LEASE_S}")
+TIMELINE = re.compile(r"recovery timeline: phase=(\w+) at=([\d.]+)")
+
+
+def is_batch(text: str) -> bool:
+    return text.startswith("batch ") and "FAILED" not in text
+
+
+def warm(text: str) -> bool:
+    return "standby: warm, following" in text
+
+
+def commits_by_epoch(job: RateJob) -> dict[int, int]:
+    """Every commit marker in the log: batch time -> the epoch it was written under."""
+    found = {}
+    for path in (job.checkpoint / "log").glob("commit-*.json"):
+        body = json.loads(path.read_text())["body"]
+        found[body["time"]] = body.get("epoch", 0)
+    return found
+
+
+def start(job: RateJob, *args: str) -> Driver:
+    return Driver(job.manifest, *LEASE_CONF, *args, log=job.root / "drivers.log").start()
+
+
+def monotonic_of(wall: float) -> float:
+    """A wall-clock instant on the monotonic clock the drivers' lines are stamped with."""
+    return time.monotonic() - (time.time() - wall)
+
+
+@dataclass
+class Takeovers:
+    """Seconds from each fault to the new leader's first committed batch, and a line per
+    takeover with its timeline."""
+
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+
+    def timed(self, kind: str, driver: Driver, fault_at: float) -> None:
+        first = driver.wait_for_line(is_batch, STEP_TIMEOUT_S)
+        took = first.at - monotonic_of(fault_at)
+        self.seconds.setdefault(kind, []).append(took)
+        phases = [
+            f"{m.group(1)}=+{float(m.group(2)) - fault_at:.1f}s"
+            for line in driver.lines
+            if (m := TIMELINE.search(line.text)) and float(m.group(2)) >= fault_at
+        ]
+        self.lines.append(f"{kind}: first batch +{took:.1f}s ({', '.join(phases)})")
+
+    def summary(self) -> str:
+        figures = " ".join(
+            f"{kind}_p50={statistics.median(values):.1f}s {kind}_max={max(values):.1f}s"
+            for kind, values in self.seconds.items()
+        )
+        return f"takeover: rounds={ROUNDS} {figures}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900 + 300 * ROUNDS)
+def test_standby_takes_over_a_frozen_then_a_killed_leader_output_exact(tmp_path):
+    seed = fault_seed()
+    job = RateJob(tmp_path, batch_s=2, window_s=10, checkpoint_interval_s=4, seed=seed % 1000)
+    job.write()
+    takeovers = Takeovers()
+    drivers = [start(job)]
+    try:
+        drivers[0].wait_for_line(is_batch, STEP_TIMEOUT_S)
+        drivers.append(standby_of(job))
+        split_brain(job, *drivers, takeovers)
+        for _ in range(ROUNDS):
+            drivers.append(standby_of(job))
+            killed_at = kill(drivers[-2])
+            takeovers.timed("standby", drivers[-1], killed_at)
+            settle(drivers[-1])
+            killed_at = kill(drivers[-1])
+            drivers.append(start(job))
+            takeovers.timed("restart", drivers[-1], killed_at)
+        settle(drivers[-1])
+        assert drivers[-1].terminate(timeout_s=120) == 0
+    finally:
+        for driver in drivers:
+            signal_group(driver, signal.SIGCONT)
+            driver.kill()
+    verdict = verify(job)
+    print("\n" + "\n".join(takeovers.lines))
+    print(takeovers.summary())
+    print(f"batches={verdict.batches} lost={verdict.lost} duplicated={verdict.duplicated}")
+    assert max(commits_by_epoch(job).values()) == 2 + 2 * ROUNDS  # every takeover claimed one
+    assert not verdict.mismatched_batches, verdict.mismatched_batches
+    assert verdict.lost == 0 and verdict.duplicated == 0
+
+
+def standby_of(job: RateJob) -> Driver:
+    """A standby, once it is warm (its workers up, the checkpoint read once); its API says it
+    is a standby, without an epoch."""
+    port = free_port()
+    standby = start(job, "--standby", "--port", str(port))
+    standby.wait_for_line(warm, STEP_TIMEOUT_S)
+    status = wait_until(lambda: status_of(port), 60)
+    assert (status["state"], status["epoch"]) == ("standby", None), status
+    return standby
+
+
+def status_of(port: int) -> dict | None:
+    """A driver's /v1/status, or None while its API does not answer yet."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/v1/status", timeout=60).json()
+    except httpx.TransportError:
+        return None
+
+
+def settle(driver: Driver) -> None:
+    """Wait until the driver commits another batch."""
+    driver.wait_for_line(is_batch, STEP_TIMEOUT_S, after=len(driver.lines))
+
+
+def kill(driver: Driver) -> float:
+    """SIGKILL the driver's process group; when (wall clock)."""
+    killed_at = time.time()
+    driver.kill()
+    return killed_at
+
+
+def split_brain(job: RateJob, leader: Driver, standby: Driver, takeovers: Takeovers) -> None:
+    """Freeze the leader until the standby leads and commits; thawed, the old leader must exit
+    6 naming epoch 2, without a commit of its epoch after the freeze."""
+    settle(leader)
+    signal_group(leader, signal.SIGSTOP)
+    frozen_at = time.time()
+    before = commits_by_epoch(job)
+    takeovers.timed("frozen", standby, frozen_at)
+    settle(standby)
+    thawed_from = len(leader.lines)
+    signal_group(leader, signal.SIGCONT)
+    assert leader.wait(STEP_TIMEOUT_S) == 6
+    after_thaw = [line.text for line in leader.lines[thawed_from:]]
+    assert any("deposed: epoch 2 was claimed" in text for text in after_thaw), after_thaw
+    late = {t: e for t, e in commits_by_epoch(job).items() if e < 2 and t not in before}
+    assert not late, f"commits of the deposed epoch after the takeover: {late}"
+
+
+def signal_group(driver: Driver, sig: int) -> None:
+    try:
+        os.killpg(driver.pid, sig)
+    except ProcessLookupError:
+        pass

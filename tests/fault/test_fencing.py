@@ -1,0 +1,111 @@
+"""Epochs, the fence and the local lease, on real files and real kernel locks (no Spark): two
+drivers of one checkpoint are two CheckpointLease objects here, as flock() locks of separate
+opens conflict within one process as they do between processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dstream.runtime.checkpoint import CheckpointDir, LogConflictError, write_document
+from dstream.runtime.fencing import (
+    EPOCH_ENV,
+    DeposedError,
+    EpochLedger,
+    GivenEpoch,
+    NextEpoch,
+    claim_epoch,
+    epoch_source_from_env,
+)
+from dstream.runtime.lease import CheckpointInUseError, CheckpointLease
+from harness import wait_until
+
+
+def test_epochs_rise_and_each_is_claimed_once(tmp_path):
+    ledger = EpochLedger(tmp_path)
+    assert ledger.newest() == 0
+    assert [claim_epoch(ledger, NextEpoch()).epoch for _ in range(3)] == [1, 2, 3]
+    assert not ledger.claim(3)  # a second driver racing for epoch 3 loses
+    with pytest.raises(DeposedError, match="epoch 3 was claimed"):
+        claim_epoch(ledger, GivenEpoch(2))  # an election older than the newest claim
+    assert claim_epoch(ledger, GivenEpoch(7)).epoch == 7
+
+
+def test_an_elected_epoch_comes_from_the_environment(monkeypatch, tmp_path):
+    assert isinstance(epoch_source_from_env(), NextEpoch)
+    monkeypatch.setenv(EPOCH_ENV, "4")  # the Kubernetes Lease's leaseTransitions
+    assert epoch_source_from_env() == GivenEpoch(4)
+    lease = CheckpointLease(tmp_path, 30, epoch_source_from_env())
+    assert (lease.acquire(wait=False).epoch, lease.taken_by) == (4, "election")
+    monkeypatch.setenv(EPOCH_ENV, "four")
+    with pytest.raises(ValueError, match=f"{EPOCH_ENV} must be a positive integer, got 'four'"):
+        epoch_source_from_env()
+
+
+def test_log_entries_carry_the_epoch_and_are_never_replaced(tmp_path):
+    checkpoint = CheckpointDir(tmp_path)
+    fence = claim_epoch(EpochLedger(tmp_path), NextEpoch())
+    checkpoint.write_batch(1000, {"ranges": {"rate": [[0, 5]]}}, fence)
+    checkpoint.write_batch(1000, {"ranges": {"rate": [[0, 5]]}}, fence)  # a retry: the same
+    with pytest.raises(LogConflictError, match="written under epoch 1"):
+        checkpoint.write_batch(1000, {"ranges": {"rate": [[0, 6]]}}, fence)
+    checkpoint.write_commit(1000, {"state": {}}, fence)
+    found = checkpoint.load_log()
+    assert found.records[1000]["ranges"] == {"rate": [[0, 5]]}
+    assert (found.records[1000]["epoch"], found.commits[1000]["epoch"]) == (1, 1)
+
+
+def test_a_deposed_writer_is_refused_naming_the_newer_epoch(tmp_path):
+    checkpoint, ledger = CheckpointDir(tmp_path), EpochLedger(tmp_path)
+    old = claim_epoch(ledger, NextEpoch())
+    checkpoint.write_batch(1000, {"ranges": {}}, old)
+    new = claim_epoch(ledger, NextEpoch())
+    with pytest.raises(DeposedError, match=r"epoch 2 was claimed by .* held epoch 1"):
+        checkpoint.write_commit(1000, {"state": {}}, old)
+    checkpoint.write_commit(1000, {"state": {}}, new)
+    assert checkpoint.load_log().commits[1000]["epoch"] == 2
+
+
+def test_a_checkpoint_from_before_epochs_reads_as_epoch_0(tmp_path):
+    checkpoint = CheckpointDir(tmp_path)
+    write_document(checkpoint.log_dir / "batch-1000.json", {"time": 1000, "ranges": {}})
+    assert checkpoint.load_log().newest_epoch == 0
+    assert claim_epoch(EpochLedger(tmp_path), NextEpoch()).epoch == 1
+    assert "epoch" not in json.loads((checkpoint.log_dir / "batch-1000.json").read_text())["body"]
+
+
+def test_the_lock_keeps_a_second_driver_out_until_released(tmp_path):
+    leader = CheckpointLease(tmp_path, 30, NextEpoch())
+    assert leader.acquire(wait=False).epoch == 1
+    second = CheckpointLease(tmp_path, 30, NextEpoch())
+    with pytest.raises(CheckpointInUseError, match=r"led by another driver \(epoch 1, .*--standby"):
+        second.acquire(wait=False)
+    leader.release()
+    assert second.acquire(wait=False).epoch == 2
+    assert second.taken_by == "lock"
+    second.release()
+
+
+def test_a_frozen_leader_loses_its_lease_and_wakes_up_deposed(tmp_path):
+    """The leader holds the lock but stops renewing (frozen): once the lease has expired the
+    standby takes over without the lock; the old leader's next check or renewal is refused, and
+    the new leader takes the lock when the old one lets go of it."""
+    frozen = CheckpointLease(tmp_path, 0.5, NextEpoch())
+    frozen.acquire(wait=False)  # never renews: start_renewing is not called
+    standby = CheckpointLease(tmp_path, 0.5, NextEpoch())
+    fence = standby.acquire(wait=True)
+    assert (fence.epoch, standby.taken_by) == (2, "expiry")
+    with pytest.raises(DeposedError, match="epoch 2 was claimed"):
+        frozen.fence.check()
+    deposed: list[DeposedError] = []
+    frozen.start_renewing(deposed.append)
+    wait_until(lambda: deposed, 10)
+    standby_deposed: list[DeposedError] = []
+    standby.start_renewing(standby_deposed.append)
+    frozen.release()
+    wait_until(lambda: standby._lock_fd is not None, 10)  # its renewals took the lock
+    third = CheckpointLease(tmp_path, 30, NextEpoch())
+    with pytest.raises(CheckpointInUseError):
+        third.acquire(wait=False)  # the new leader renews its lease and holds the lock
+    standby.release()
+    assert not standby_deposed
