@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, Accumulator
 
 from dstream.dstream import DStream
+from dstream.runtime import latency
 from dstream.runtime.checkpoint import write_atomically
+from dstream.runtime.latency import Ages
 from dstream.worker import textgen
 
 if TYPE_CHECKING:
@@ -76,6 +78,12 @@ class InputDStream(DStream):
 
     def records_in(self, planned: Any) -> int:
         raise NotImplementedError
+
+    def record_ages(self, time_ms: int, planned: Any) -> Ages | None:
+        """The ages at time_ms (when each record of the batch's range became available,
+        dstream.runtime.latency) of the batch's records; None when the source cannot tell.
+        Called once per batch, when it has run."""
+        return None
 
     def backlog(self, now_ms: int) -> int | None:
         """Records available but not yet admitted (None when the source cannot tell)."""
@@ -198,6 +206,7 @@ class FileInputDStream(InputDStream):
         self._seen: set[str] = set()
         self._bytes_per_record = bytes_per_record
         self._malformed = ssc.sparkContext.accumulator(0)
+        self._age_reports = latency.slice_reports(ssc.sparkContext)
         if new_files_only:
             self._seen.update(self._listing())
 
@@ -225,6 +234,14 @@ class FileInputDStream(InputDStream):
             return 0
         return max(1, size // self._bytes_per_record)
 
+    def _arrival(self, name: str) -> int | None:
+        """When the file arrived: its modification time (ms) as the batch that takes it first
+        sees it, recorded in the batch's range so a replay measures from the same instant."""
+        try:
+            return (self.directory / name).stat().st_mtime_ns // 1_000_000
+        except FileNotFoundError:
+            return None
+
     def backlog(self, now_ms: int) -> int:
         return sum(self._estimate(n) for n in self._listing() if n not in self._seen)
 
@@ -243,7 +260,8 @@ class FileInputDStream(InputDStream):
             chosen.append(name)
             admitted += estimate
         self._advance_past({"files": chosen})
-        return {"files": chosen, "records": admitted}
+        arrivals = [self._arrival(name) for name in chosen]
+        return {"files": chosen, "records": admitted, "arrivals": arrivals}
 
     def _advance_past(self, planned: Any) -> None:
         self._seen.update(planned["files"])
@@ -260,18 +278,41 @@ class FileInputDStream(InputDStream):
     def records_in(self, planned: Any) -> int:
         return int(planned.get("records", 0))
 
+    def record_ages(self, time_ms: int, planned: Any) -> Ages | None:
+        return latency.reported_ages(self._age_reports, time_ms)
+
     def _read(self, time_ms: int, planned: Any) -> RDD:
         files = [str(self.directory / name) for name in planned["files"]]
         if not files:
             return self._sc.emptyRDD()
+        # a batch logged before arrivals were recorded has none: its latency is unknown
+        arrivals = dict(zip(files, planned.get("arrivals") or [None] * len(files), strict=True))
+        reports = self._age_reports
         if self.format == "text":
             ranges = byte_ranges(files, self._sc.defaultParallelism)
-            return self._sc.parallelize(ranges, len(ranges)).flatMap(_lines_in_range)
-        deadletter = self._deadletter_dir(time_ms)
-        malformed = self._malformed
-        return self._sc.parallelize(files, len(files)).flatMap(
-            lambda path: _read_json_lines(path, deadletter, malformed)
-        )
+            read: Callable[[tuple[str, int, int]], Iterator[Any]] = _lines_in_range
+        else:
+            ranges = [(path, 0, 0) for path in files]
+            deadletter, malformed = self._deadletter_dir(time_ms), self._malformed
+
+            def read(item: tuple[str, int, int]) -> Iterator[Any]:
+                return _read_json_lines(item[0], deadletter, malformed)
+
+        def read_counting(split: int, items: Iterable[tuple[str, int, int]]) -> Iterator[Any]:
+            ages: Ages = {}
+
+            def records() -> Iterator[Any]:
+                for item in items:
+                    count = 0
+                    for count, record in enumerate(read(item), start=1):  # noqa: B007
+                        yield record
+                    arrival = arrivals[item[0]]
+                    if count and arrival is not None:
+                        latency.add_age(ages, time_ms - arrival, count)
+
+            return latency.reporting(records(), reports, (time_ms, split), ages)
+
+        return self._sc.parallelize(ranges, len(ranges)).mapPartitionsWithIndex(read_counting)
 
 
 def byte_ranges(paths: list[str], cores: int) -> list[tuple[str, int, int]]:
@@ -380,6 +421,30 @@ class RateInputDStream(InputDStream):
 
     def records_in(self, planned: Any) -> int:
         return sum(end - start for start, end in planned)
+
+    def available_at(self, partition: int, offset: int) -> int:
+        """When record `offset` of `partition` became available (ms): the first millisecond
+        at which _available counts it, record number offset * partitions + partition."""
+        number = offset * self.partitions + partition
+        return self._ssc._graph.zero_ms + -(-(number + 1) * 1000 // self.records_per_second)
+
+    def record_ages(self, time_ms: int, planned: Any) -> Ages | None:
+        """Exact from the range and the schedule: no task counts anything."""
+        slices = [(p, start, end) for p, (start, end) in enumerate(planned) if end > start]
+        if not slices:
+            return None
+        zero_ms, parts, rate = self._ssc._graph.zero_ms, self.partitions, self.records_per_second
+
+        def available_by(at_ms: int) -> int:
+            """Records of the range available at or before at_ms."""
+            highest = rate * max(0, at_ms - zero_ms) // 1000 - 1  # the last record number
+            return sum(
+                min(end, max(start, (highest - p) // parts + 1)) - start for p, start, end in slices
+            )
+
+        first = min(self.available_at(p, start) for p, start, _end in slices)
+        last = max(self.available_at(p, end - 1) for p, _start, end in slices)
+        return latency.ages_of_schedule(time_ms, first, last, available_by)
 
     def _read(self, time_ms: int, planned: Any) -> RDD:
         seed, size = self.seed, self.record_bytes
