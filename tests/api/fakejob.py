@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter as Tally
 from typing import Any
 
+from dstream.runtime import latency
 from dstream.runtime.recovery import RECOVERY_KINDS
 from dstream.runtime.scheduler import BatchInfo
 from dstream_api.models import Batch, SliceResult, Status, StreamSummary, TopEntry
@@ -37,6 +38,7 @@ def batch_info(n: int) -> BatchInfo:
     info.processing_start_ms = time_ms + 50
     info.processing_end_ms = time_ms + 250
     info.checkpoint_seconds = 0.004
+    info.latency = latency.summarize({100: 1, 400: n}, commit_delay_ms=250)
     return info
 
 
