@@ -93,8 +93,7 @@ def test_batches_are_newest_first_with_checkpoint_timing(driver):
     # a rate source's records are all available by the batch time, so each waited at least
     # from there to the commit
     assert all(
-        b["totalDelaySeconds"] <= b["latencyP50Seconds"] <= b["latencyP99Seconds"]
-        for b in batches
+        b["totalDelaySeconds"] <= b["latencyP50Seconds"] <= b["latencyP99Seconds"] for b in batches
     )
 
 
