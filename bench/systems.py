@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dstream.runtime import latency
+from dstream.runtime.latency import BatchLatency
 from dstream.worker import pydaemon
 from pyspark import SparkConf, SparkContext
 
@@ -40,7 +42,9 @@ DAEMONS = ("dstream.worker.pydaemon", "pyspark.daemon")
 
 @dataclass
 class Batch:
-    """One completed batch; times in ms. `time_ms` ends the interval whose records it holds."""
+    """One completed batch; times in ms. `time_ms` ends the interval whose records it holds.
+    The latency percentiles are over its records, from each record's scheduled arrival to the
+    batch's end (None where the system's records have no measured latency: Structured)."""
 
     time_ms: int
     records: int
@@ -48,8 +52,10 @@ class Batch:
     processing_ms: int
     end_ms: int
     key: int  # what its output is recorded under: the batch time, or the micro-batch id
+    latency_p50_ms: float | None = None
+    latency_p99_ms: float | None = None
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, int | float | None]:
         return asdict(self)
 
 
@@ -191,6 +197,7 @@ class _DStreamCollector:
         info = event.batchInfo()
         if info.error is not None:
             return
+        measured = info.latency  # what /v1/batches and the latency histogram report
         self._system._record(
             Batch(
                 info.batch_time_ms,
@@ -199,6 +206,8 @@ class _DStreamCollector:
                 info.processingDelay(),
                 info.processing_end_ms,
                 info.batch_time_ms,
+                measured and 1000 * measured.p50_s,
+                measured and 1000 * measured.p99_s,
             )
         )
 
@@ -221,7 +230,7 @@ class LegacySystem(System):
             return ssc
 
         ssc = StreamingContext.getOrCreate(checkpoint, setup)
-        ssc.addStreamingListener(_legacy_listener(self, rate))
+        ssc.addStreamingListener(_legacy_listener(self, rate, origin))
         ssc.start()
         self._origin = origin
         return lambda: ssc.stop(stopSparkContext=False, stopGraceFully=False)
@@ -258,20 +267,44 @@ def legacy_rate_lines(ssc: Any, rate: int, partitions: int, origin: dict[str, An
     return ticks.transform(interval_lines)
 
 
-def _legacy_listener(system: System, rate: int) -> Any:
+def scheduled_latency(rate: int, origin_ms: int, time_ms: int, end_ms: int) -> BatchLatency | None:
+    """The latency of the records of the batch at time_ms, from each record's arrival on the
+    rate source's schedule (record v arrives ceil((v + 1) * 1000 / rate) ms after the origin,
+    as RateInputDStream.available_at has it) to the batch's end: what dstream's rate source
+    reports for the same records, computed the same way."""
+    k = (time_ms - origin_ms) // 1000
+    first, last = rate * (k - 1), rate * k - 1  # the interval's sequence numbers
+
+    def arrival(v: int) -> int:
+        return origin_ms + -(-(v + 1) * 1000 // rate)
+
+    def arrived_by(at_ms: int) -> int:
+        highest = rate * max(0, at_ms - origin_ms) // 1000 - 1
+        return max(0, min(last, highest) - first + 1)
+
+    ages = latency.ages_of_schedule(time_ms, arrival(first), arrival(last), arrived_by)
+    return latency.summarize(ages, end_ms - time_ms)
+
+
+def _legacy_listener(system: System, rate: int, origin: dict[str, int | None]) -> Any:
     from pyspark.streaming.listener import StreamingListener
 
     class Collector(StreamingListener):
         def onBatchCompleted(self, batchCompleted: Any) -> None:
             info = batchCompleted.batchInfo()
+            time_ms, end_ms = info.batchTime().milliseconds(), info.processingEndTime()
+            known = origin["ms"]  # set by the first batch's transform of this driver's graph
+            measured = scheduled_latency(rate, known, time_ms, end_ms) if known else None
             system._record(
                 Batch(
-                    info.batchTime().milliseconds(),
+                    time_ms,
                     rate,
                     info.schedulingDelay(),
                     info.processingDelay(),
-                    info.processingEndTime(),
-                    info.batchTime().milliseconds(),
+                    end_ms,
+                    time_ms,
+                    measured and 1000 * measured.p50_s,
+                    measured and 1000 * measured.p99_s,
                 )
             )
 

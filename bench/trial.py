@@ -71,10 +71,3 @@ def judge(
     if growth > GROWTH_LIMIT_MS:
         return verdict(SLOW, f"scheduling delay grew {growth:.0f} ms")
     return verdict(OK, "ok")
-
-
-def record_latencies(batch_delays_ms: list[float], points: int = 200) -> list[float]:
-    """End-to-end latency of records, in ms, sampled evenly per batch: a batch due at T holds
-    records that arrived uniformly over (T - interval, T] and are all output at the batch's end,
-    `delay` after T."""
-    return [d + INTERVAL_MS * (i + 0.5) / points for d in batch_delays_ms for i in range(points)]
