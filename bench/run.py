@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,7 @@ class Plan:
     confirm_warmup: int
     confirm_measured: int
     samples: int  # batches whose output is checked per trial
+    batch_ms: int = 1000  # the batch interval (--batch-interval)
 
 
 PLANS = {
@@ -190,7 +191,13 @@ def search_workload(
     the machine allowed while it was searched: the ceiling has varied by a quarter between
     hours on the same machine."""
     searches = {
-        pair: RateSearch(START_RATES[workload], plan.max_trials, plan.tolerance, plan.confirm)
+        pair: RateSearch(
+            START_RATES[workload],
+            plan.max_trials,
+            plan.tolerance,
+            plan.confirm,
+            interval_ms=plan.batch_ms,
+        )
         for pair in pairs
     }
     events: dict[tuple[str, str], list[dict[str, Any]]] = {pair: [] for pair in pairs}
@@ -215,6 +222,7 @@ def search_workload(
                 "warmup": plan.confirm_warmup if confirmation else plan.warmup,
                 "measured": plan.confirm_measured if confirmation else plan.measured,
                 "samples": plan.samples,
+                "batch_ms": plan.batch_ms,
             }
             event = gated_trial(workers[pair[0]], command, gate)
             progress(trial_line(*pair, event))
@@ -314,7 +322,10 @@ def run_table(
         for workload in workloads:
             progress(f"== {workload} on {daemon}: {len(pairs)} searches, interleaved")
             rows = search_workload(workers, pairs, workload, plan, gate)
-            table.setdefault(workload, {}).update({f"{s}/{v}": row for (s, v), row in rows.items()})
+            suffix = "" if plan.batch_ms == 1000 else f" ({plan.batch_ms} ms batches)"
+            table.setdefault(workload, {}).update(
+                {f"{s}/{v}{suffix}": row for (s, v), row in rows.items()}
+            )
             measured(workload)
     finally:
         for worker in workers.values():
@@ -354,6 +365,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=None, help="comma list (default: all)")
     parser.add_argument("--daemons", default=",".join(DAEMONS))
     parser.add_argument("--no-recovery", action="store_true", help="skip recovery experiments")
+    parser.add_argument(
+        "--batch-interval",
+        type=int,
+        default=1000,
+        metavar="MS",
+        help="batch interval of the DStream systems' trials, in ms (e.g. 500); other than "
+        "1000 excludes Structured Streaming (1 s triggers) and the recovery experiments",
+    )
     parser.add_argument("--busy-cores", type=float, default=0.25, help="others' CPU limit")
     parser.add_argument("--busy-block", type=float, default=10.0, help="seconds per stretch")
     parser.add_argument("--retries", type=int, default=2, help="redos of a busy trial")
@@ -373,9 +392,14 @@ def main(argv: list[str] | None = None) -> int:
         help="only recovery, at half of today's dstream.worker.pydaemon maxima (implies --merge)",
     )
     args = parser.parse_args(argv)
-    plan = PLANS["quick" if args.quick else "full"]
+    plan = replace(PLANS["quick" if args.quick else "full"], batch_ms=args.batch_interval)
     gate = Gate(args.busy_cores, args.busy_block, args.retries, args.allow_load)
     systems, workloads = args.systems.split(","), args.workloads.split(",")
+    if plan.batch_ms != 1000 and ("structured" in systems or not args.no_recovery):
+        parser.error(
+            f"--batch-interval {plan.batch_ms}: runs the DStream systems' trials only; add "
+            "--systems dstream,pyspark.streaming --no-recovery"
+        )
     variants = set(args.variants.split(",")) if args.variants else None
     machine = describe_machine()
     started = time.time()
@@ -391,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
             "started": datetime.now().isoformat(timespec="minutes"),
             "commit": git_commit(),
             "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
+            "batch_interval_ms": plan.batch_ms,
             "load_at_start": os.getloadavg(),
         }
     )

@@ -106,6 +106,7 @@ class System:
         self.sc = sc
         self.partitions = partitions
         self.on_batch: Callable[[Batch], None] | None = None  # live report (recovery runs)
+        self.batch_ms = 1000  # the batch interval of the jobs `start` starts (`run` sets it)
         self._batches: list[Batch] = []
         self._changed = threading.Condition()
 
@@ -131,9 +132,11 @@ class System:
         warmup: int,
         measured: int,
         timeout_s: float,
+        batch_ms: int = 1000,
     ) -> TrialRun:
-        """Run the variant at `rate` records/s for `warmup` + `measured` batches (or until the
-        timeout); the measured batches and every batch's output."""
+        """Run the variant at `rate` records/s for `warmup` + `measured` batches of batch_ms (or
+        until the timeout); the measured batches and every batch's output."""
+        self.batch_ms = batch_ms
         self._batches = []
         programs.OUTPUTS.clear()
         workdir = tempfile.mkdtemp(prefix=f"bench-{self.name}-")
@@ -174,9 +177,9 @@ class DStreamSystem(System):
         from dstream import StreamingContext
 
         def setup() -> Any:
-            ssc = StreamingContext(self.sc, 1)
+            ssc = StreamingContext(self.sc, self.batch_ms / 1000)
             lines = ssc.rateStream(rate, self.partitions, SEED, RECORD_BYTES)
-            programs.build(workload, variant, lines)
+            programs.build(workload, variant, lines, self.batch_ms / 1000)
             return ssc
 
         ssc = StreamingContext.getOrCreate(checkpoint, setup)
@@ -186,7 +189,7 @@ class DStreamSystem(System):
         return lambda: ssc.stop(stopSparkContext=False)
 
     def interval(self, key: int) -> int:
-        return (key - self._graph.zero_ms) // 1000
+        return (key - self._graph.zero_ms) // self.batch_ms
 
 
 class _DStreamCollector:
@@ -224,25 +227,29 @@ class LegacySystem(System):
         origin: dict[str, int | None] = {"ms": None}
 
         def setup() -> Any:
-            ssc = StreamingContext(self.sc, 1)
+            ssc = StreamingContext(self.sc, batch_ms / 1000)
             ssc.checkpoint(checkpoint)
-            programs.build(workload, variant, legacy_rate_lines(ssc, rate, self.partitions, origin))
+            lines = legacy_rate_lines(ssc, rate, self.partitions, origin, batch_ms)
+            programs.build(workload, variant, lines, batch_ms / 1000)
             return ssc
 
+        batch_ms = self.batch_ms
         ssc = StreamingContext.getOrCreate(checkpoint, setup)
-        ssc.addStreamingListener(_legacy_listener(self, rate, origin))
+        ssc.addStreamingListener(_legacy_listener(self, rate, origin, batch_ms))
         ssc.start()
         self._origin = origin
         return lambda: ssc.stop(stopSparkContext=False, stopGraceFully=False)
 
     def interval(self, key: int) -> int:
         assert self._origin["ms"] is not None
-        return (key - self._origin["ms"]) // 1000
+        return (key - self._origin["ms"]) // self.batch_ms
 
 
-def legacy_rate_lines(ssc: Any, rate: int, partitions: int, origin: dict[str, Any]) -> Any:
+def legacy_rate_lines(
+    ssc: Any, rate: int, partitions: int, origin: dict[str, Any], batch_ms: int = 1000
+) -> Any:
     """The rate source's lines as a pyspark.streaming DStream: the batch at time T holds interval
-    k = (T - origin) / 1 s, the origin being 1 s before the first batch. The origin is kept in the
+    k = (T - origin) / batch_ms, the origin being one interval before the first batch. The origin is kept in the
     transform function's closure, which the checkpoint saves, so a restarted driver goes on."""
     from pyspark.streaming.dstream import DStream
 
@@ -259,21 +266,24 @@ def legacy_rate_lines(ssc: Any, rate: int, partitions: int, origin: dict[str, An
     def interval_lines(time: Any, rdd: Any) -> Any:
         time_ms = round(time.timestamp() * 1000)
         if origin["ms"] is None:
-            origin["ms"] = time_ms - 1000
-        k = (time_ms - origin["ms"]) // 1000
-        slices = feed.batch_slices(rate, partitions, k)
+            origin["ms"] = time_ms - batch_ms
+        k = (time_ms - origin["ms"]) // batch_ms
+        slices = feed.batch_slices(rate, partitions, k, batch_ms)
         return rdd.context.parallelize(slices, partitions).mapPartitionsWithIndex(generate)
 
     return ticks.transform(interval_lines)
 
 
-def scheduled_latency(rate: int, origin_ms: int, time_ms: int, end_ms: int) -> BatchLatency | None:
+def scheduled_latency(
+    rate: int, origin_ms: int, time_ms: int, end_ms: int, batch_ms: int = 1000
+) -> BatchLatency | None:
     """The latency of the records of the batch at time_ms, from each record's arrival on the
     rate source's schedule (record v arrives ceil((v + 1) * 1000 / rate) ms after the origin,
     as RateInputDStream.available_at has it) to the batch's end: what dstream's rate source
     reports for the same records, computed the same way."""
-    k = (time_ms - origin_ms) // 1000
-    first, last = rate * (k - 1), rate * k - 1  # the interval's sequence numbers
+    k = (time_ms - origin_ms) // batch_ms
+    # the interval's sequence numbers, as feed.batch_slices counts them
+    first, last = rate * (k - 1) * batch_ms // 1000, rate * k * batch_ms // 1000 - 1
 
     def arrival(v: int) -> int:
         return origin_ms + -(-(v + 1) * 1000 // rate)
@@ -286,7 +296,9 @@ def scheduled_latency(rate: int, origin_ms: int, time_ms: int, end_ms: int) -> B
     return latency.summarize(ages, end_ms - time_ms)
 
 
-def _legacy_listener(system: System, rate: int, origin: dict[str, int | None]) -> Any:
+def _legacy_listener(
+    system: System, rate: int, origin: dict[str, int | None], batch_ms: int
+) -> Any:
     from pyspark.streaming.listener import StreamingListener
 
     class Collector(StreamingListener):
@@ -294,11 +306,11 @@ def _legacy_listener(system: System, rate: int, origin: dict[str, int | None]) -
             info = batchCompleted.batchInfo()
             time_ms, end_ms = info.batchTime().milliseconds(), info.processingEndTime()
             known = origin["ms"]  # set by the first batch's transform of this driver's graph
-            measured = scheduled_latency(rate, known, time_ms, end_ms) if known else None
+            measured = scheduled_latency(rate, known, time_ms, end_ms, batch_ms) if known else None
             system._record(
                 Batch(
                     time_ms,
-                    rate,
+                    rate * batch_ms // 1000,
                     info.schedulingDelay(),
                     info.processingDelay(),
                     end_ms,
@@ -358,6 +370,11 @@ class StructuredSystem(System):
     ) -> Callable[[], None]:
         from pyspark.sql import functions as sf
 
+        if self.batch_ms != 1000:
+            raise ValueError(
+                f"structured: batch interval {self.batch_ms} ms; its formulations run 1 s "
+                "triggers only (--batch-interval applies to dstream and pyspark.streaming)"
+            )
         self._progress = []
         self._checkpoint = checkpoint
         self._wall_clock = wall_clock

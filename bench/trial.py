@@ -42,6 +42,7 @@ def judge(
     expected: int,
     output_ok: bool,
     output_reason: str,
+    interval_ms: int = INTERVAL_MS,
 ) -> Verdict:
     """A trial passes when its sampled outputs match the reference (a trial that completed no
     batch at all is too slow, not wrong), all `expected` measured
@@ -66,7 +67,7 @@ def judge(
         return verdict(WRONG, output_reason)
     if n < expected:
         return verdict(SLOW, f"only {n}/{expected} batches completed in time")
-    if p90 >= INTERVAL_MS:
+    if p90 >= interval_ms:
         return verdict(SLOW, f"processing p90 {p90:.0f} ms >= interval")
     if growth > GROWTH_LIMIT_MS:
         return verdict(SLOW, f"scheduling delay grew {growth:.0f} ms")

@@ -555,3 +555,33 @@ def test_the_report_gives_measured_latency_only():
     assert measured_latency([{"latency_p50_ms": None, "latency_p99_ms": None}]) == {}
     modelled = {"latency_p50_ms": 900, "latency_p99_ms": 1500}  # a row of an earlier run
     assert latency_cell(modelled) == "not measured"
+
+
+@pytest.mark.parametrize("system_name", ["dstream", "pyspark.streaming"])
+def test_half_second_batches_hold_half_an_interval_and_pass_the_checker(sc, system_name):
+    """--batch-interval 500: each DStream engine runs the 30 s window over 500 ms batches; batch
+    k holds the records of the k-th half second (checked against the reference with the same
+    interval), and each record waited at most half a second more than its batch's delay."""
+    from bench.systems import SYSTEM_CLASSES
+
+    system = SYSTEM_CLASSES[system_name](sc, 2)
+    run = system.run("wordcount", "tuned", 300, 2, 4, timeout_s=300, batch_ms=500)
+    assert len(run.batches) == 4
+    assert [b.time_ms % 500 for b in run.batches] == [0] * 4
+    check = check_outputs("wordcount", 300, 2, run.outputs, run.intervals, 4, batch_ms=500)
+    assert check.ok, check.reason
+    assert run.intervals == list(range(run.intervals[0], run.intervals[0] + 4))
+    for batch in run.batches:
+        waited = batch.end_ms - batch.time_ms
+        assert batch.latency_p50_ms is not None and batch.latency_p99_ms is not None
+        assert waited <= batch.latency_p50_ms <= batch.latency_p99_ms <= waited + 500
+
+
+def test_half_second_batches_are_judged_and_searched_against_their_interval():
+    fits = judge([450.0] * 30, [0.0] * 30, 30, True, "ok", interval_ms=500)
+    assert fits.kind == OK
+    slow = judge([600.0] * 30, [0.0] * 30, 30, True, "ok", interval_ms=500)
+    assert slow.kind == SLOW and "p90" in slow.reason
+    half = RateSearch(50_000, 6, 0.1, True, interval_ms=500)
+    assert half.target_ms == pytest.approx(475)
+    assert feed.batch_slices(300, 2, 3, 500) == [(0, 150, 225), (1, 150, 225)]
