@@ -395,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = replace(PLANS["quick" if args.quick else "full"], batch_ms=args.batch_interval)
     gate = Gate(args.busy_cores, args.busy_block, args.retries, args.allow_load)
     systems, workloads = args.systems.split(","), args.workloads.split(",")
-    if plan.batch_ms != 1000 and ("structured" in systems or not args.no_recovery):
+    recovers = not (args.quick or args.allow_load or args.no_recovery)
+    if plan.batch_ms != 1000 and ("structured" in systems or recovers):
         parser.error(
             f"--batch-interval {plan.batch_ms}: runs the DStream systems' trials only; add "
             "--systems dstream,pyspark.streaming --no-recovery"
