@@ -54,6 +54,7 @@ class Batch:
     key: int  # what its output is recorded under: the batch time, or the micro-batch id
     latency_p50_ms: float | None = None
     latency_p99_ms: float | None = None
+    checkpoint_ms: float | None = None  # dstream: writing its batch record and commit marker
 
     def to_json(self) -> dict[str, int | float | None]:
         return asdict(self)
@@ -211,6 +212,7 @@ class _DStreamCollector:
                 info.batch_time_ms,
                 measured and 1000 * measured.p50_s,
                 measured and 1000 * measured.p99_s,
+                info.checkpoint_seconds and 1000 * info.checkpoint_seconds,
             )
         )
 
