@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -288,31 +288,29 @@ class FileInputDStream(InputDStream):
         # a batch logged before arrivals were recorded has none: its latency is unknown
         arrivals = dict(zip(files, planned.get("arrivals") or [None] * len(files), strict=True))
         reports = self._age_reports
+
+        def report(item: tuple[str, int, int]) -> Callable[[int], None]:
+            """What a range's reader calls with its record count once it read them all: every
+            record of a file arrived with the file."""
+            arrival = arrivals[item[0]]
+
+            def done(count: int) -> None:
+                if count and arrival is not None:
+                    key = (time_ms, *item)
+                    reports.add({key: {latency.age_bin(time_ms - arrival): count}})
+
+            return done
+
         if self.format == "text":
             ranges = byte_ranges(files, self._sc.defaultParallelism)
-            read: Callable[[tuple[str, int, int]], Iterator[Any]] = _lines_in_range
-        else:
-            ranges = [(path, 0, 0) for path in files]
-            deadletter, malformed = self._deadletter_dir(time_ms), self._malformed
-
-            def read(item: tuple[str, int, int]) -> Iterator[Any]:
-                return _read_json_lines(item[0], deadletter, malformed)
-
-        def read_counting(split: int, items: Iterable[tuple[str, int, int]]) -> Iterator[Any]:
-            ages: Ages = {}
-
-            def records() -> Iterator[Any]:
-                for item in items:
-                    count = 0
-                    for count, record in enumerate(read(item), start=1):  # noqa: B007
-                        yield record
-                    arrival = arrivals[item[0]]
-                    if count and arrival is not None:
-                        latency.add_age(ages, time_ms - arrival, count)
-
-            return latency.reporting(records(), reports, (time_ms, split), ages)
-
-        return self._sc.parallelize(ranges, len(ranges)).mapPartitionsWithIndex(read_counting)
+            return self._sc.parallelize(ranges, len(ranges)).flatMap(
+                lambda item: _lines_in_range(item, report(item))
+            )
+        deadletter = self._deadletter_dir(time_ms)
+        malformed = self._malformed
+        return self._sc.parallelize(files, len(files)).flatMap(
+            lambda path: _read_json_lines(path, deadletter, malformed, report((path, 0, 0)))
+        )
 
 
 def byte_ranges(paths: list[str], cores: int) -> list[tuple[str, int, int]]:
@@ -331,12 +329,17 @@ def byte_ranges(paths: list[str], cores: int) -> list[tuple[str, int, int]]:
     return ranges
 
 
-def _lines_in_range(path_start_end: tuple[str, int, int]) -> Iterator[str]:
+def _lines_in_range(
+    path_start_end: tuple[str, int, int], done: Callable[[int], None] | None = None
+) -> Iterator[str]:
     """The lines that begin in bytes [start, end) of the file, without their line ends (\\n,
     \\r\\n or \\r, as Python's text mode and Hadoop's line reader end lines). A run of lines
     ended by \\r belongs with the \\n-ended line it is part of to the range holding its first
-    byte, so ranges that tile a file read each of its lines once, wherever the cuts fall."""
+    byte, so ranges that tile a file read each of its lines once, wherever the cuts fall.
+    `done` gets the number of lines once all were read (counted here, in the loop that reads
+    them, rather than by a wrapper around every line)."""
     path, start, end = path_start_end
+    count = 0
     with open(path, "rb") as lines:
         if start:
             lines.seek(start - 1)
@@ -348,30 +351,46 @@ def _lines_in_range(path_start_end: tuple[str, int, int]) -> Iterator[str]:
             position += len(line)
             line = line.removesuffix(b"\n").removesuffix(b"\r")
             if b"\r" in line:
-                yield from (part.decode("utf-8", errors="replace") for part in line.split(b"\r"))
+                parts = line.split(b"\r")
+                count += len(parts)
+                yield from (part.decode("utf-8", errors="replace") for part in parts)
             else:
+                count += 1
                 yield line.decode("utf-8", errors="replace")
+    if done is not None:
+        done(count)
 
 
-def _read_json_lines(path: str, deadletter: str | None, counter: Accumulator[int]) -> Iterator[Any]:
+def _read_json_lines(
+    path: str,
+    deadletter: str | None,
+    counter: Accumulator[int],
+    done: Callable[[int], None] | None = None,
+) -> Iterator[Any]:
     """Parsed JSON lines; malformed ones are counted and go to `<deadletter>/<file>.jsonl`
-    (idempotent per batch)."""
+    (idempotent per batch). `done` gets the number of parsed records once all were read."""
     malformed = []
+    parsed = 0
     with open(path, encoding="utf-8", errors="replace") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                record = json.loads(line)
             except ValueError as error:
                 malformed.append(
                     {"file": path, "line": number, "error": str(error), "record": line.rstrip("\n")}
                 )
+            else:
+                parsed += 1
+                yield record
     if malformed:
         counter.add(len(malformed))
     if malformed and deadletter is not None:
         body = "".join(json.dumps(m) + "\n" for m in malformed).encode()
         write_atomically(Path(deadletter) / f"{Path(path).name}.jsonl", body)
+    if done is not None:
+        done(parsed)
 
 
 class RateInputDStream(InputDStream):

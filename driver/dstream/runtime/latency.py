@@ -42,7 +42,7 @@ EXACT_BELOW_MS = 1000
 SIGNIFICANT_DIGITS = 3
 
 Ages = dict[int, int]  # age bin (ms before the batch time; negative: after it) -> records
-SliceKey = tuple[int, int]  # (batch time ms, slice index)
+SliceKey = tuple[Any, ...]  # (batch time ms, what names the slice: its index, its file range)
 
 
 def age_bin(age_ms: int) -> int:
