@@ -455,11 +455,15 @@ class RateInputDStream(InputDStream):
         zero_ms, parts, rate = self._ssc._graph.zero_ms, self.partitions, self.records_per_second
 
         def available_by(at_ms: int) -> int:
-            """Records of the range available at or before at_ms."""
+            """Records of the range available at or before at_ms (a plain loop: it runs once
+            per age bin, a thousand times for a 1 s batch)."""
             highest = rate * max(0, at_ms - zero_ms) // 1000 - 1  # the last record number
-            return sum(
-                min(end, max(start, (highest - p) // parts + 1)) - start for p, start, end in slices
-            )
+            total = 0
+            for p, start, end in slices:
+                reached = (highest - p) // parts + 1  # offsets of partition p available
+                if reached > start:
+                    total += min(reached, end) - start
+            return total
 
         first = min(self.available_at(p, start) for p, start, _end in slices)
         last = max(self.available_at(p, end - 1) for p, _start, end in slices)
