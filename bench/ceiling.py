@@ -7,7 +7,11 @@ operations to one partition's lines in plain Python with nothing around them (a 
 reduction is its least work, the batch's pairs reduced by key with the user's function in one
 dict; the window's add and subtract over distinct words, the shuffle and the output digest are
 left out). Timed on one core, with the garbage collector off (what collections cost depends on
-the process's heap, not the program). With C cores and 1 s batches, no engine can sustain much
+the process's heap, not the program), in two labelled parts: the rate source's Python line
+generator making the lines (`textgen.lines`, which the engines' input tasks run too, and which a
+JVM-native source would not cost), then the user's functions on the made lines. The table gives
+both ceilings: the user's functions alone, and the generator plus the functions (what an engine
+reading the rate source must fit in). With C cores and 1 s batches, no engine can sustain much
 more than C x (lines per second of one core). It is an estimate, not a bound to the last
 percent: Spark's Python workers ran the tuned programs a few percent faster than this process
 does (on 2026-11-24 the tuned TopK's measured maximum was 4% above its ceiling), so a goal is
@@ -28,7 +32,8 @@ import gc
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -95,25 +100,44 @@ def partition_output(workload: str, variant: str, lines: Iterable[str]) -> list[
     return records
 
 
-def seconds_per_line(workload: str, variant: str, lines: int, rounds: int) -> float:
-    """The least time, over `rounds`, one core took to make a line and run the program on it."""
+@dataclass(frozen=True)
+class CoreTimes:
+    """Seconds one core spends per line, in two labelled parts: the rate source's Python line
+    generator (`textgen.lines`) making it, and the user's functions run on the made line."""
+
+    generator_s: float
+    functions_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.generator_s + self.functions_s
+
+
+def time_per_line(workload: str, variant: str, lines: int, rounds: int) -> CoreTimes:
+    """The least time, over `rounds`, one core took to make the lines, and separately to run the
+    program on the made lines (each part's best round)."""
     make = feed.textgen.lines
-    best = float("inf")
+    generator = functions = float("inf")
     for _ in range(rounds):
         gc.collect()
         gc.disable()
         try:
             start = time.perf_counter()
-            partition_output(workload, variant, make(SEED, RECORD_BYTES, 0, 10**6, 10**6 + lines))
-            best = min(best, time.perf_counter() - start)
+            made = make(SEED, RECORD_BYTES, 0, 10**6, 10**6 + lines)
+            made_at = time.perf_counter()
+            partition_output(workload, variant, made)
+            done = time.perf_counter()
         finally:
             gc.enable()
-    return best / lines
+        generator = min(generator, made_at - start)
+        functions = min(functions, done - made_at)
+    return CoreTimes(generator / lines, functions / lines)
 
 
 def ceiling_rate(workload: str, variant: str, cores: int, lines: int, rounds: int) -> float:
-    """Lines per second that `cores` cores could at most give the program, as measured now."""
-    return cores / seconds_per_line(workload, variant, lines, rounds)
+    """Lines per second that `cores` cores could at most make and give the program, as measured
+    now (the line generator's time and the user's functions' together)."""
+    return cores / time_per_line(workload, variant, lines, rounds).total_s
 
 
 def newest_results() -> Path | None:
@@ -137,6 +161,33 @@ def _rate(value: float | None) -> str:
     return "none" if value is None else f"{value:,.0f}"
 
 
+def ceiling_table(
+    cores: int, lines: int, rounds: int, maxima: dict[tuple[str, str, str], int | None]
+) -> Iterator[str]:
+    """The table's lines: per program, one core's time per 100,000 lines for making them and
+    for the user's functions, each labelled, and the ceilings on `cores` cores with and
+    without the generator."""
+    yield (
+        "| workload | variant | one core, s per 100,000 lines: line generator | one core: user's "
+        f"functions | ceiling on {cores} cores, lines/s: user's functions alone | ceiling: "
+        "line generator + user's functions | dstream max | pyspark.streaming max | goal "
+        "| goal / ceiling (generator + functions) |"
+    )
+    yield "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    for workload in programs.WORKLOADS:
+        for variant in programs.VARIANTS:
+            times = time_per_line(workload, variant, lines, rounds)
+            ceiling = cores / times.total_s
+            ours, peer = (maxima.get((workload, e, variant)) for e in ENGINES)
+            goal = GOALS[workload] * peer if peer else None
+            share = f"{goal / ceiling:.2f}" if goal else "n/a"
+            yield (
+                f"| {workload} | {variant} | {100_000 * times.generator_s:.3f} | "
+                f"{100_000 * times.functions_s:.3f} | {_rate(cores / times.functions_s)} | "
+                f"{_rate(ceiling)} | {_rate(ours)} | {_rate(peer)} | {_rate(goal)} | {share} |"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cores", type=int, default=2, help="the benchmark's local[N]")
@@ -148,23 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     maxima = measured_maxima(args.results, args.daemon)
     feed.textgen.line_pool(SEED, RECORD_BYTES)
     print(f"measured maxima: {args.results} ({args.daemon}); one core, best of {args.rounds}")
-    print(
-        "| workload | variant | one core, s per 100,000 lines | ceiling on "
-        f"{args.cores} cores, lines/s | dstream max | pyspark.streaming max | goal "
-        "| goal / ceiling |"
-    )
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for workload in programs.WORKLOADS:
-        for variant in programs.VARIANTS:
-            ceiling = ceiling_rate(workload, variant, args.cores, args.lines, args.rounds)
-            ours, peer = (maxima.get((workload, e, variant)) for e in ENGINES)
-            goal = GOALS[workload] * peer if peer else None
-            share = f"{goal / ceiling:.2f}" if goal else "n/a"
-            print(
-                f"| {workload} | {variant} | {args.cores * 100_000 / ceiling:.3f} | "
-                f"{_rate(ceiling)} | {_rate(ours)} | {_rate(peer)} | {_rate(goal)} | {share} |",
-                flush=True,
-            )
+    for line in ceiling_table(args.cores, args.lines, args.rounds, maxima):
+        print(line, flush=True)
     return 0
 
 

@@ -47,11 +47,14 @@ textgen = load_textgen()
 _MASK64 = (1 << 64) - 1
 
 
-def batch_slices(rate: int, partitions: int, k: int) -> list[tuple[int, int, int]]:
-    """(partition, start offset, end offset) of batch k: the offsets that arrived in interval k."""
+def batch_slices(
+    rate: int, partitions: int, k: int, batch_ms: int = 1000
+) -> list[tuple[int, int, int]]:
+    """(partition, start offset, end offset) of batch k: the offsets that arrived in interval k
+    (of batch_ms), as RateInputDStream counts them."""
 
     def available(batches: int) -> list[int]:
-        base, extra = divmod(rate * batches, partitions)
+        base, extra = divmod(rate * batches * batch_ms // 1000, partitions)
         return [base + (1 if p < extra else 0) for p in range(partitions)]
 
     before, after = available(k - 1), available(k)

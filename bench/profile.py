@@ -1,12 +1,13 @@
 """`python -m bench.profile`: where a DStream engine's batch time goes, from Spark's event log.
 
 Runs one workload variant of `bench.programs` on dstream or pyspark.streaming (`local[2]`, the
-chosen worker daemon) at a fixed rate with Spark's event log on, then prints per batch: its
-processing time, the Spark jobs, stages and tasks it ran (by its batch time), how much of the
-processing time some job was running, and the tasks' executor run time; then the medians over
-the batches after the window filled. Processing time not covered by any job is the driver's own
-per-batch cost (planning, py4j calls, checkpoint writes). Run py-spy on the printed driver pid
-for the driver's Python side.
+chosen worker daemon) at a fixed rate and batch interval (`--batch-interval`) with Spark's event
+log on, then prints per batch: its processing time, the Spark jobs, stages and tasks it ran (by
+its batch time), how much of the processing time some job was running, the tasks' executor run
+time and (dstream) the time spent writing its batch record and commit marker; then the medians
+over the batches after the window filled. Processing time not covered by any job is the
+driver's own per-batch cost (planning, py4j calls, checkpoint writes). Run py-spy on the
+printed driver pid for the driver's Python side.
 
 `--zipcache` gives every Python worker `dstream.worker.zipcache` from the start (a sitecustomize
 module), as importing the dstream package gives dstream's own workers: on `pyspark.daemon` that
@@ -54,7 +55,14 @@ def give_workers_zipcache() -> None:
 
 
 def run(
-    system: str, daemon: str, workload: str, variant: str, rate: int, batches: int, log_dir: str
+    system: str,
+    daemon: str,
+    workload: str,
+    variant: str,
+    rate: int,
+    batches: int,
+    log_dir: str,
+    batch_ms: int = 1000,
 ) -> list[Batch]:
     conf = spark_conf("local[2]", 2, daemon)
     conf.setAll(
@@ -70,7 +78,7 @@ def run(
     print(f"driver pid {os.getpid()}", file=sys.stderr, flush=True)
     try:
         trial = SYSTEM_CLASSES[system](sc, 2).run(
-            workload, variant, rate, 0, batches, timeout_s=3 * batches + 60
+            workload, variant, rate, 0, batches, timeout_s=3 * batches + 60, batch_ms=batch_ms
         )
     finally:
         sc.stop()
@@ -137,12 +145,13 @@ def covered_ms(jobs: list[dict[str, Any]]) -> int:
     return total
 
 
-COLUMNS = ("processing", "jobs", "stages", "tasks", "in_jobs", "task_run")
+COLUMNS = ("processing", "jobs", "stages", "tasks", "in_jobs", "task_run", "checkpoint")
 
 
-def batch_row(batch: Batch, jobs: list[dict[str, Any]]) -> dict[str, int]:
+def batch_row(batch: Batch, jobs: list[dict[str, Any]]) -> dict[str, float]:
     return {
         "processing": batch.processing_ms,
+        "checkpoint": round(batch.checkpoint_ms or 0),
         "jobs": len(jobs),
         "stages": sum(j["stages"] for j in jobs),
         "tasks": sum(j.get("tasks", 0) for j in jobs),
@@ -159,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", default="tuned")
     parser.add_argument("--rate", type=int, default=20_000)
     parser.add_argument("--batches", type=int, default=45)
+    parser.add_argument("--batch-interval", type=int, default=1000, metavar="MS")
     parser.add_argument(
         "--zipcache", action="store_true", help="dstream.worker.zipcache in all workers"
     )
@@ -167,14 +177,21 @@ def main(argv: list[str] | None = None) -> int:
         give_workers_zipcache()
     log_dir = tempfile.mkdtemp(prefix="bench-eventlog-")
     batches = run(
-        args.system, args.daemon, args.workload, args.variant, args.rate, args.batches, log_dir
+        args.system,
+        args.daemon,
+        args.workload,
+        args.variant,
+        args.rate,
+        args.batches,
+        log_dir,
+        args.batch_interval,
     )
     grouped = jobs_by_batch(read_events(log_dir))
     rows = [batch_row(b, grouped.get(b.time_ms, [])) for b in batches]
     print("batch  " + " ".join(f"{c:>10}" for c in COLUMNS))
     for batch, row in zip(batches, rows, strict=True):
         print(f"{batch.time_ms % 100_000:>6} " + " ".join(f"{row[c]:>10}" for c in COLUMNS))
-    steady = rows[WINDOW_BATCHES:] or rows
+    steady = rows[WINDOW_BATCHES * 1000 // args.batch_interval :] or rows
     medians = {c: statistics.median(r[c] for r in steady) for c in COLUMNS}
     print(f"median of the last {len(steady)} " + " ".join(f"{medians[c]:>10g}" for c in COLUMNS))
     return 0

@@ -45,13 +45,15 @@ def positive(kv: tuple[str, int]) -> bool:
     return kv[1] > 0
 
 
-def windowed_counts(lines: Any, variant: str) -> Any:
-    """Word counts over the last WINDOW_BATCHES one-second batches, sliding every batch."""
+def windowed_counts(lines: Any, variant: str, batch_s: float = 1) -> Any:
+    """Word counts over the last WINDOW_BATCHES seconds, sliding every batch (of batch_s)."""
     if variant == "tutorial":
         pairs = lines.flatMap(lambda line: line.split()).map(lambda word: (word, 1))
-        return pairs.reduceByKeyAndWindow(lambda a, b: a + b, lambda a, b: a - b, WINDOW_BATCHES, 1)
+        return pairs.reduceByKeyAndWindow(
+            lambda a, b: a + b, lambda a, b: a - b, WINDOW_BATCHES, batch_s
+        )
     return lines.mapPartitions(count_words).reduceByKeyAndWindow(
-        operator.add, operator.sub, WINDOW_BATCHES, 1, filterFunc=positive
+        operator.add, operator.sub, WINDOW_BATCHES, batch_s, filterFunc=positive
     )
 
 
@@ -61,13 +63,13 @@ def grep_counts(lines: Any, variant: str) -> Any:
     return lines.mapPartitions(count_matches).reduce(operator.add)
 
 
-def build(workload: str, variant: str, lines: Any) -> None:
+def build(workload: str, variant: str, lines: Any, batch_s: float = 1) -> None:
     """The program: `workload` in `variant` on `lines`, its digest recorded per batch."""
     if workload == "grep":
         grep_counts(lines, variant).foreachRDD(recorder(grep_digest))
     else:
         digest = count_digest if workload == "wordcount" else top_digest
-        windowed_counts(lines, variant).foreachRDD(recorder(digest))
+        windowed_counts(lines, variant, batch_s).foreachRDD(recorder(digest))
 
 
 def recorder(digest: Callable[[Any], Any]) -> Callable[[Any, Any], None]:

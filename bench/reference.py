@@ -44,40 +44,45 @@ def top_k(counts: dict[str, int], k: int = TOP_K) -> list[list[Any]]:
 
 
 @lru_cache(maxsize=64)
-def batch_lines(rate: int, partitions: int, k: int) -> Counter[str]:
+def batch_lines(rate: int, partitions: int, k: int, batch_ms: int = 1000) -> Counter[str]:
     """How often each line occurs in batch k (1-based) of a stream at `rate` records/s."""
     lines: Counter[str] = Counter()
-    for partition, start, end in feed.batch_slices(rate, partitions, k):
+    for partition, start, end in feed.batch_slices(rate, partitions, k, batch_ms):
         lines.update(feed.textgen.lines(SEED, RECORD_BYTES, partition, start, end))
     return lines
 
 
 @lru_cache(maxsize=64)
-def batch_words(rate: int, partitions: int, k: int) -> Counter[str]:
+def batch_words(rate: int, partitions: int, k: int, batch_ms: int = 1000) -> Counter[str]:
     words: Counter[str] = Counter()
-    for line, times in batch_lines(rate, partitions, k).items():
+    for line, times in batch_lines(rate, partitions, k, batch_ms).items():
         for word in line.split():
             words[word] += times
     return words
 
 
-def window_words(rate: int, partitions: int, k: int) -> Counter[str]:
-    """Word counts of the window ending with batch k (batches k-29..k that exist)."""
+def window_words(rate: int, partitions: int, k: int, batch_ms: int = 1000) -> Counter[str]:
+    """Word counts of the window (WINDOW_BATCHES seconds) ending with batch k (the batches of
+    the window that exist)."""
     total: Counter[str] = Counter()
-    for j in range(max(1, k - WINDOW_BATCHES + 1), k + 1):
-        total.update(batch_words(rate, partitions, j))
+    for j in range(max(1, k - WINDOW_BATCHES * 1000 // batch_ms + 1), k + 1):
+        total.update(batch_words(rate, partitions, j, batch_ms))
     return total
 
 
-def expected(workload: str, rate: int, partitions: int, k: int, restricted: bool) -> Any:
+def expected(
+    workload: str, rate: int, partitions: int, k: int, restricted: bool, batch_ms: int = 1000
+) -> Any:
     """The digest batch k's output must have."""
     if workload == "grep":
         return sum(
-            n for line, n in batch_lines(rate, partitions, k).items() if GREP_PATTERN in line
+            n
+            for line, n in batch_lines(rate, partitions, k, batch_ms).items()
+            if GREP_PATTERN in line
         )
-    counts = window_words(rate, partitions, k)
+    counts = window_words(rate, partitions, k, batch_ms)
     if restricted:
-        present = batch_words(rate, partitions, k)
+        present = batch_words(rate, partitions, k, batch_ms)
         counts = Counter({w: c for w, c in counts.items() if w in present})
     return count_digest(counts) if workload == "wordcount" else top_k(counts)
 
@@ -109,6 +114,7 @@ def check_outputs(
     measured: list[int],
     samples: int = 4,
     restricted: bool = False,
+    batch_ms: int = 1000,
 ) -> Check:
     """Compare sampled measured batches' outputs with the reference; a missing or empty output
     is wrong too (a system that printed nothing has not done the work)."""
@@ -116,7 +122,7 @@ def check_outputs(
         return Check(False, "no batch completed", [])
     checked = sample_batches(measured, samples)
     for k in checked:
-        want = expected(workload, rate, partitions, k, restricted)
+        want = expected(workload, rate, partitions, k, restricted, batch_ms)
         got = outputs.get(k)
         if got is None:
             return Check(False, f"batch {k}: no output", checked)

@@ -47,9 +47,9 @@ def round_rate(rate: float) -> int:
     return max(MIN_RATE, int(round(rate, -digits)))
 
 
-def predict(trials: list[Trial]) -> float | None:
+def predict(trials: list[Trial], target_ms: float = TARGET_MS) -> float | None:
     """The rate at which the least-squares line through the trials' p90 processing time
-    reaches TARGET_MS; None without two distinct rates or with a flat or falling line."""
+    reaches target_ms; None without two distinct rates or with a flat or falling line."""
     points = [(t.rate, t.verdict.processing_p90_ms) for t in trials if t.verdict.batches]
     if len({r for r, _ in points}) < 2:
         return None
@@ -59,7 +59,7 @@ def predict(trials: list[Trial]) -> float | None:
     slope = sum((r - mean_r) * (p - mean_p) for r, p in points) / spread
     if slope <= 0:
         return None
-    return mean_r + (TARGET_MS - mean_p) / slope
+    return mean_r + (target_ms - mean_p) / slope
 
 
 class RateSearch:
@@ -73,8 +73,10 @@ class RateSearch:
         tolerance: float,
         confirm: bool,
         max_confirmations: int = 3,
+        interval_ms: int = INTERVAL_MS,
     ):
         self.start = start
+        self.target_ms = TARGET_MS * interval_ms / INTERVAL_MS
         self.max_trials = max_trials
         self.tolerance = tolerance
         self.confirm = confirm
@@ -149,7 +151,7 @@ class RateSearch:
             return None
         lower = low * (1 + self.tolerance / 2) if low else last / 4
         upper = high / (1 + self.tolerance / 2) if high else last * 4
-        guess = predict(self.trials)
+        guess = predict(self.trials, self.target_ms)
         if guess is None:
             guess = math.sqrt(lower * upper) if low and high else (upper if not high else lower)
         return round_rate(min(max(guess, lower), upper))

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dstream.runtime import latency
+from dstream.runtime.latency import BatchLatency
 from dstream.worker import pydaemon
 from pyspark import SparkConf, SparkContext
 
@@ -41,7 +43,9 @@ DAEMONS = ("dstream.worker.pydaemon", "pyspark.daemon")
 
 @dataclass
 class Batch:
-    """One completed batch; times in ms. `time_ms` ends the interval whose records it holds."""
+    """One completed batch; times in ms. `time_ms` ends the interval whose records it holds.
+    The latency percentiles are over its records, from each record's scheduled arrival to the
+    batch's end (None where the system's records have no measured latency: Structured)."""
 
     time_ms: int
     records: int
@@ -49,8 +53,11 @@ class Batch:
     processing_ms: int
     end_ms: int
     key: int  # what its output is recorded under: the batch time, or the micro-batch id
+    latency_p50_ms: float | None = None
+    latency_p99_ms: float | None = None
+    checkpoint_ms: float | None = None  # dstream: writing its batch record and commit marker
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, int | float | None]:
         return asdict(self)
 
 
@@ -101,6 +108,7 @@ class System:
         self.sc = sc
         self.partitions = partitions
         self.on_batch: Callable[[Batch], None] | None = None  # live report (recovery runs)
+        self.batch_ms = 1000  # the batch interval of the jobs `start` starts (`run` sets it)
         self._batches: list[Batch] = []
         self._changed = threading.Condition()
 
@@ -126,9 +134,11 @@ class System:
         warmup: int,
         measured: int,
         timeout_s: float,
+        batch_ms: int = 1000,
     ) -> TrialRun:
-        """Run the variant at `rate` records/s for `warmup` + `measured` batches (or until the
-        timeout); the measured batches and every batch's output."""
+        """Run the variant at `rate` records/s for `warmup` + `measured` batches of batch_ms (or
+        until the timeout); the measured batches and every batch's output."""
+        self.batch_ms = batch_ms
         self._batches = []
         programs.OUTPUTS.clear()
         workdir = tempfile.mkdtemp(prefix=f"bench-{self.name}-")
@@ -169,9 +179,9 @@ class DStreamSystem(System):
         from dstream import StreamingContext
 
         def setup() -> Any:
-            ssc = StreamingContext(self.sc, 1)
+            ssc = StreamingContext(self.sc, self.batch_ms / 1000)
             lines = ssc.rateStream(rate, self.partitions, SEED, RECORD_BYTES)
-            programs.build(workload, variant, lines)
+            programs.build(workload, variant, lines, self.batch_ms / 1000)
             return ssc
 
         ssc = StreamingContext.getOrCreate(checkpoint, setup)
@@ -181,7 +191,7 @@ class DStreamSystem(System):
         return lambda: ssc.stop(stopSparkContext=False)
 
     def interval(self, key: int) -> int:
-        return (key - self._graph.zero_ms) // 1000
+        return (key - self._graph.zero_ms) // self.batch_ms
 
 
 class _DStreamCollector:
@@ -192,6 +202,7 @@ class _DStreamCollector:
         info = event.batchInfo()
         if info.error is not None:
             return
+        measured = info.latency  # what /v1/batches and the latency histogram report
         self._system._record(
             Batch(
                 info.batch_time_ms,
@@ -200,6 +211,9 @@ class _DStreamCollector:
                 info.processingDelay(),
                 info.processing_end_ms,
                 info.batch_time_ms,
+                measured and 1000 * measured.p50_s,
+                measured and 1000 * measured.p99_s,
+                info.checkpoint_seconds and 1000 * info.checkpoint_seconds,
             )
         )
 
@@ -216,25 +230,29 @@ class LegacySystem(System):
         origin: dict[str, int | None] = {"ms": None}
 
         def setup() -> Any:
-            ssc = StreamingContext(self.sc, 1)
+            ssc = StreamingContext(self.sc, batch_ms / 1000)
             ssc.checkpoint(checkpoint)
-            programs.build(workload, variant, legacy_rate_lines(ssc, rate, self.partitions, origin))
+            lines = legacy_rate_lines(ssc, rate, self.partitions, origin, batch_ms)
+            programs.build(workload, variant, lines, batch_ms / 1000)
             return ssc
 
+        batch_ms = self.batch_ms
         ssc = StreamingContext.getOrCreate(checkpoint, setup)
-        ssc.addStreamingListener(_legacy_listener(self, rate))
+        ssc.addStreamingListener(_legacy_listener(self, rate, origin, batch_ms))
         ssc.start()
         self._origin = origin
         return lambda: ssc.stop(stopSparkContext=False, stopGraceFully=False)
 
     def interval(self, key: int) -> int:
         assert self._origin["ms"] is not None
-        return (key - self._origin["ms"]) // 1000
+        return (key - self._origin["ms"]) // self.batch_ms
 
 
-def legacy_rate_lines(ssc: Any, rate: int, partitions: int, origin: dict[str, Any]) -> Any:
+def legacy_rate_lines(
+    ssc: Any, rate: int, partitions: int, origin: dict[str, Any], batch_ms: int = 1000
+) -> Any:
     """The rate source's lines as a pyspark.streaming DStream: the batch at time T holds interval
-    k = (T - origin) / 1 s, the origin being 1 s before the first batch. The origin is kept in the
+    k = (T - origin) / batch_ms, the origin being one interval before the first batch. The origin is kept in the
     transform function's closure, which the checkpoint saves, so a restarted driver goes on."""
     from pyspark.streaming.dstream import DStream
 
@@ -251,28 +269,57 @@ def legacy_rate_lines(ssc: Any, rate: int, partitions: int, origin: dict[str, An
     def interval_lines(time: Any, rdd: Any) -> Any:
         time_ms = round(time.timestamp() * 1000)
         if origin["ms"] is None:
-            origin["ms"] = time_ms - 1000
-        k = (time_ms - origin["ms"]) // 1000
-        slices = feed.batch_slices(rate, partitions, k)
+            origin["ms"] = time_ms - batch_ms
+        k = (time_ms - origin["ms"]) // batch_ms
+        slices = feed.batch_slices(rate, partitions, k, batch_ms)
         return rdd.context.parallelize(slices, partitions).mapPartitionsWithIndex(generate)
 
     return ticks.transform(interval_lines)
 
 
-def _legacy_listener(system: System, rate: int) -> Any:
+def scheduled_latency(
+    rate: int, origin_ms: int, time_ms: int, end_ms: int, batch_ms: int = 1000
+) -> BatchLatency | None:
+    """The latency of the records of the batch at time_ms, from each record's arrival on the
+    rate source's schedule (record v arrives ceil((v + 1) * 1000 / rate) ms after the origin,
+    as RateInputDStream.available_at has it) to the batch's end: what dstream's rate source
+    reports for the same records, computed the same way."""
+    k = (time_ms - origin_ms) // batch_ms
+    # the interval's sequence numbers, as feed.batch_slices counts them
+    first, last = rate * (k - 1) * batch_ms // 1000, rate * k * batch_ms // 1000 - 1
+
+    def arrival(v: int) -> int:
+        return origin_ms + -(-(v + 1) * 1000 // rate)
+
+    def arrived_by(at_ms: int) -> int:
+        highest = rate * max(0, at_ms - origin_ms) // 1000 - 1
+        return max(0, min(last, highest) - first + 1)
+
+    ages = latency.ages_of_schedule(time_ms, arrival(first), arrival(last), arrived_by)
+    return latency.summarize(ages, end_ms - time_ms)
+
+
+def _legacy_listener(
+    system: System, rate: int, origin: dict[str, int | None], batch_ms: int
+) -> Any:
     from pyspark.streaming.listener import StreamingListener
 
     class Collector(StreamingListener):
         def onBatchCompleted(self, batchCompleted: Any) -> None:
             info = batchCompleted.batchInfo()
+            time_ms, end_ms = info.batchTime().milliseconds(), info.processingEndTime()
+            known = origin["ms"]  # set by the first batch's transform of this driver's graph
+            measured = scheduled_latency(rate, known, time_ms, end_ms, batch_ms) if known else None
             system._record(
                 Batch(
-                    info.batchTime().milliseconds(),
-                    rate,
+                    time_ms,
+                    rate * batch_ms // 1000,
                     info.schedulingDelay(),
                     info.processingDelay(),
-                    info.processingEndTime(),
-                    info.batchTime().milliseconds(),
+                    end_ms,
+                    time_ms,
+                    measured and 1000 * measured.p50_s,
+                    measured and 1000 * measured.p99_s,
                 )
             )
 
@@ -326,6 +373,11 @@ class StructuredSystem(System):
     ) -> Callable[[], None]:
         from pyspark.sql import functions as sf
 
+        if self.batch_ms != 1000:
+            raise ValueError(
+                f"structured: batch interval {self.batch_ms} ms; its formulations run 1 s "
+                "triggers only (--batch-interval applies to dstream and pyspark.streaming)"
+            )
         self._progress = []
         self._checkpoint = checkpoint
         self._wall_clock = wall_clock

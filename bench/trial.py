@@ -42,6 +42,7 @@ def judge(
     expected: int,
     output_ok: bool,
     output_reason: str,
+    interval_ms: int = INTERVAL_MS,
 ) -> Verdict:
     """A trial passes when its sampled outputs match the reference (a trial that completed no
     batch at all is too slow, not wrong), all `expected` measured
@@ -66,15 +67,8 @@ def judge(
         return verdict(WRONG, output_reason)
     if n < expected:
         return verdict(SLOW, f"only {n}/{expected} batches completed in time")
-    if p90 >= INTERVAL_MS:
+    if p90 >= interval_ms:
         return verdict(SLOW, f"processing p90 {p90:.0f} ms >= interval")
     if growth > GROWTH_LIMIT_MS:
         return verdict(SLOW, f"scheduling delay grew {growth:.0f} ms")
     return verdict(OK, "ok")
-
-
-def record_latencies(batch_delays_ms: list[float], points: int = 200) -> list[float]:
-    """End-to-end latency of records, in ms, sampled evenly per batch: a batch due at T holds
-    records that arrived uniformly over (T - interval, T] and are all output at the batch's end,
-    `delay` after T."""
-    return [d + INTERVAL_MS * (i + 0.5) / points for d in batch_delays_ms for i in range(points)]

@@ -41,8 +41,10 @@ def restricted_output(system: str, variant: str, workload: str) -> bool:
 def run_trial(system: System, command: dict[str, Any]) -> dict[str, Any]:
     workload, variant, rate = command["workload"], command["variant"], command["rate"]
     warmup, measured = command["warmup"], command["measured"]
+    batch_ms = command.get("batch_ms", 1000)
     began = time.monotonic()
-    run = system.run(workload, variant, rate, warmup, measured, timeout_for(warmup + measured))
+    timeout_s = timeout_for(warmup + measured)
+    run = system.run(workload, variant, rate, warmup, measured, timeout_s, batch_ms)
     seconds = time.monotonic() - began
     check = check_outputs(
         workload,
@@ -52,6 +54,7 @@ def run_trial(system: System, command: dict[str, Any]) -> dict[str, Any]:
         run.intervals,
         command["samples"],
         restricted_output(system.name, variant, workload),
+        batch_ms,
     )
     verdict = judge(
         [b.processing_ms for b in run.batches],
@@ -59,6 +62,7 @@ def run_trial(system: System, command: dict[str, Any]) -> dict[str, Any]:
         measured,
         check.ok,
         check.reason,
+        batch_ms,
     )
     return {
         "event": "trial",

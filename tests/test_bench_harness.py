@@ -218,6 +218,15 @@ def test_same_program_passes_the_checker_on_a_real_job(sc, system_name, variant)
     check = check_outputs("wordcount", 300, 2, run.outputs, run.intervals, 3)
     assert check.ok, check.reason
     assert run.intervals == sorted(run.intervals) and run.intervals[0] >= 2
+    for batch in run.batches:
+        if system_name == "structured":
+            assert batch.latency_p50_ms is None  # not measured: none reported
+            continue
+        # each record of interval k arrived within the second before the batch time and was
+        # output at the batch's end: its latency lies between those two delays
+        waited = batch.end_ms - batch.time_ms
+        assert batch.latency_p50_ms is not None and batch.latency_p99_ms is not None
+        assert waited <= batch.latency_p50_ms <= batch.latency_p99_ms <= waited + 1000
 
 
 def test_sliding_sum_replaces_replayed_seconds_and_survives_a_restart(tmp_path):
@@ -497,3 +506,82 @@ def test_report_sets_maxima_against_the_ceiling_and_the_issue_goals(tmp_path):
     # 2 x 480,000 = 960,000, above the ceiling; the tutorial pair has no peer figure to double.
     assert "| topk | tuned | 720,000 | 480,000 | 1.50x | 2.0x | 960,000 | 1.07 |" in text
     assert "| topk | tutorial | 400,000 | none (no passing rate) | no ratio" in text
+
+
+def test_ceiling_times_the_line_generator_and_the_users_functions_apart():
+    """Each part timed on its own, so the table labels what the generator costs and what the
+    user's functions cost; both ceilings are derived from them."""
+    from bench.ceiling import ceiling_table, time_per_line
+
+    times = time_per_line("grep", "tuned", lines=2_000, rounds=1)
+    assert times.generator_s > 0 and times.functions_s > 0
+    assert times.total_s == times.generator_s + times.functions_s
+    rows = list(ceiling_table(2, 2_000, 1, {("grep", "dstream", "tuned"): 1000}))
+    header = rows[0]
+    assert "line generator |" in header and "user's functions |" in header
+    assert "user's functions alone" in header and "line generator + user's functions" in header
+    grep_tuned = next(r for r in rows if r.startswith("| grep | tuned |"))
+    cells = [c.strip() for c in grep_tuned.strip("|").split("|")]
+    alone, together = (int(c.replace(",", "")) for c in cells[4:6])
+    assert alone > together  # the generator's time is not in the first ceiling
+    assert cells[6] == "1,000"
+    assert len(rows) == 2 + 6  # header, rule, 3 workloads x 2 variants
+
+
+def test_pyspark_streamings_latency_follows_the_rate_schedule_like_dstreams_source():
+    """300 records/s: interval 2 (batch at origin + 2 s) holds records 300..599, record v
+    arriving ceil((v + 1) * 1000 / 300) ms after the origin; ended 400 ms after its batch time,
+    the 150th of its 300 latencies is record 450's, 400 + 2000 - 1504 ms, and the 297th record
+    303's, 400 + 2000 - 1014 ms."""
+    from bench.systems import scheduled_latency
+
+    measured = scheduled_latency(300, origin_ms=10_000, time_ms=12_000, end_ms=12_400)
+    assert measured is not None and measured.records == 300
+    assert (measured.p50_s, measured.p99_s) == (0.896, 1.386)
+
+
+def test_the_report_gives_measured_latency_only():
+    from bench.report import latency_cell
+    from bench.run import measured_latency
+
+    batches = [
+        {"latency_p50_ms": 600.0, "latency_p99_ms": 1000.0},
+        {"latency_p50_ms": 700.0, "latency_p99_ms": 1400.0},
+        {"latency_p50_ms": 650.0, "latency_p99_ms": 1100.0},
+    ]
+    row = measured_latency(batches)
+    assert row == {"latency_p50_ms": 650, "latency_p99_ms": 1400, "latency_measured": True}
+    assert latency_cell(row) == "650 ms / 1,400 ms"
+    assert measured_latency([{"latency_p50_ms": None, "latency_p99_ms": None}]) == {}
+    modelled = {"latency_p50_ms": 900, "latency_p99_ms": 1500}  # a row of an earlier run
+    assert latency_cell(modelled) == "not measured"
+
+
+@pytest.mark.parametrize("system_name", ["dstream", "pyspark.streaming"])
+def test_half_second_batches_hold_half_an_interval_and_pass_the_checker(sc, system_name):
+    """--batch-interval 500: each DStream engine runs the 30 s window over 500 ms batches; batch
+    k holds the records of the k-th half second (checked against the reference with the same
+    interval), and each record waited at most half a second more than its batch's delay."""
+    from bench.systems import SYSTEM_CLASSES
+
+    system = SYSTEM_CLASSES[system_name](sc, 2)
+    run = system.run("wordcount", "tuned", 300, 2, 4, timeout_s=300, batch_ms=500)
+    assert len(run.batches) == 4
+    assert [b.time_ms % 500 for b in run.batches] == [0] * 4
+    check = check_outputs("wordcount", 300, 2, run.outputs, run.intervals, 4, batch_ms=500)
+    assert check.ok, check.reason
+    assert run.intervals == list(range(run.intervals[0], run.intervals[0] + 4))
+    for batch in run.batches:
+        waited = batch.end_ms - batch.time_ms
+        assert batch.latency_p50_ms is not None and batch.latency_p99_ms is not None
+        assert waited <= batch.latency_p50_ms <= batch.latency_p99_ms <= waited + 500
+
+
+def test_half_second_batches_are_judged_and_searched_against_their_interval():
+    fits = judge([450.0] * 30, [0.0] * 30, 30, True, "ok", interval_ms=500)
+    assert fits.kind == OK
+    slow = judge([600.0] * 30, [0.0] * 30, 30, True, "ok", interval_ms=500)
+    assert slow.kind == SLOW and "p90" in slow.reason
+    half = RateSearch(50_000, 6, 0.1, True, interval_ms=500)
+    assert half.target_ms == pytest.approx(475)
+    assert feed.batch_slices(300, 2, 3, 500) == [(0, 150, 225), (1, 150, 225)]

@@ -81,6 +81,14 @@ class Batch(ApiModel):
         description="Writing the batch record and commit marker; null without a checkpoint."
     )
     error: str | None = Field(description="Why the batch failed; null when it succeeded.")
+    latency_p50_seconds: float | None = Field(
+        description="End-to-end latency, median over the batch's records: from when a record "
+        "became available at its source to when the batch's output committed. Null when the "
+        "batch did not commit or no source knows when its records became available."
+    )
+    latency_p99_seconds: float | None = Field(
+        description="End-to-end latency, 99th percentile over the batch's records."
+    )
 
 
 class Batches(ApiModel):

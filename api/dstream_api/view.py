@@ -97,6 +97,8 @@ def batch_of(info: BatchInfo) -> Batch:
         total_delay_seconds=seconds(info.totalDelay()),
         checkpoint_seconds=info.checkpoint_seconds,
         error=info.error,
+        latency_p50_seconds=info.latency.p50_s if info.latency else None,
+        latency_p99_seconds=info.latency.p99_s if info.latency else None,
     )
 
 

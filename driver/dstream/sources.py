@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, Accumulator
 
 from dstream.dstream import DStream
+from dstream.runtime import latency
 from dstream.runtime.checkpoint import write_atomically
+from dstream.runtime.latency import Ages
 from dstream.worker import textgen
 
 if TYPE_CHECKING:
@@ -76,6 +78,12 @@ class InputDStream(DStream):
 
     def records_in(self, planned: Any) -> int:
         raise NotImplementedError
+
+    def record_ages(self, time_ms: int, planned: Any) -> Ages | None:
+        """The ages at time_ms (when each record of the batch's range became available,
+        dstream.runtime.latency) of the batch's records; None when the source cannot tell.
+        Called once per batch, when it has run."""
+        return None
 
     def backlog(self, now_ms: int) -> int | None:
         """Records available but not yet admitted (None when the source cannot tell)."""
@@ -198,6 +206,7 @@ class FileInputDStream(InputDStream):
         self._seen: set[str] = set()
         self._bytes_per_record = bytes_per_record
         self._malformed = ssc.sparkContext.accumulator(0)
+        self._age_reports = latency.slice_reports(ssc.sparkContext)
         if new_files_only:
             self._seen.update(self._listing())
 
@@ -225,6 +234,14 @@ class FileInputDStream(InputDStream):
             return 0
         return max(1, size // self._bytes_per_record)
 
+    def _arrival(self, name: str) -> int | None:
+        """When the file arrived: its modification time (ms) as the batch that takes it first
+        sees it, recorded in the batch's range so a replay measures from the same instant."""
+        try:
+            return (self.directory / name).stat().st_mtime_ns // 1_000_000
+        except FileNotFoundError:
+            return None
+
     def backlog(self, now_ms: int) -> int:
         return sum(self._estimate(n) for n in self._listing() if n not in self._seen)
 
@@ -243,7 +260,8 @@ class FileInputDStream(InputDStream):
             chosen.append(name)
             admitted += estimate
         self._advance_past({"files": chosen})
-        return {"files": chosen, "records": admitted}
+        arrivals = [self._arrival(name) for name in chosen]
+        return {"files": chosen, "records": admitted, "arrivals": arrivals}
 
     def _advance_past(self, planned: Any) -> None:
         self._seen.update(planned["files"])
@@ -260,17 +278,38 @@ class FileInputDStream(InputDStream):
     def records_in(self, planned: Any) -> int:
         return int(planned.get("records", 0))
 
+    def record_ages(self, time_ms: int, planned: Any) -> Ages | None:
+        return latency.reported_ages(self._age_reports, time_ms)
+
     def _read(self, time_ms: int, planned: Any) -> RDD:
         files = [str(self.directory / name) for name in planned["files"]]
         if not files:
             return self._sc.emptyRDD()
+        # a batch logged before arrivals were recorded has none: its latency is unknown
+        arrivals = dict(zip(files, planned.get("arrivals") or [None] * len(files), strict=True))
+        reports = self._age_reports
+
+        def report(item: tuple[str, int, int]) -> Callable[[int], None]:
+            """What a range's reader calls with its record count once it read them all: every
+            record of a file arrived with the file."""
+            arrival = arrivals[item[0]]
+
+            def done(count: int) -> None:
+                if count and arrival is not None:
+                    key = (time_ms, *item)
+                    reports.add({key: {latency.age_bin(time_ms - arrival): count}})
+
+            return done
+
         if self.format == "text":
             ranges = byte_ranges(files, self._sc.defaultParallelism)
-            return self._sc.parallelize(ranges, len(ranges)).flatMap(_lines_in_range)
+            return self._sc.parallelize(ranges, len(ranges)).flatMap(
+                lambda item: _lines_in_range(item, report(item))
+            )
         deadletter = self._deadletter_dir(time_ms)
         malformed = self._malformed
         return self._sc.parallelize(files, len(files)).flatMap(
-            lambda path: _read_json_lines(path, deadletter, malformed)
+            lambda path: _read_json_lines(path, deadletter, malformed, report((path, 0, 0)))
         )
 
 
@@ -290,12 +329,17 @@ def byte_ranges(paths: list[str], cores: int) -> list[tuple[str, int, int]]:
     return ranges
 
 
-def _lines_in_range(path_start_end: tuple[str, int, int]) -> Iterator[str]:
+def _lines_in_range(
+    path_start_end: tuple[str, int, int], done: Callable[[int], None] | None = None
+) -> Iterator[str]:
     """The lines that begin in bytes [start, end) of the file, without their line ends (\\n,
     \\r\\n or \\r, as Python's text mode and Hadoop's line reader end lines). A run of lines
     ended by \\r belongs with the \\n-ended line it is part of to the range holding its first
-    byte, so ranges that tile a file read each of its lines once, wherever the cuts fall."""
+    byte, so ranges that tile a file read each of its lines once, wherever the cuts fall.
+    `done` gets the number of lines once all were read (counted here, in the loop that reads
+    them, rather than by a wrapper around every line)."""
     path, start, end = path_start_end
+    count = 0
     with open(path, "rb") as lines:
         if start:
             lines.seek(start - 1)
@@ -307,30 +351,46 @@ def _lines_in_range(path_start_end: tuple[str, int, int]) -> Iterator[str]:
             position += len(line)
             line = line.removesuffix(b"\n").removesuffix(b"\r")
             if b"\r" in line:
-                yield from (part.decode("utf-8", errors="replace") for part in line.split(b"\r"))
+                parts = line.split(b"\r")
+                count += len(parts)
+                yield from (part.decode("utf-8", errors="replace") for part in parts)
             else:
+                count += 1
                 yield line.decode("utf-8", errors="replace")
+    if done is not None:
+        done(count)
 
 
-def _read_json_lines(path: str, deadletter: str | None, counter: Accumulator[int]) -> Iterator[Any]:
+def _read_json_lines(
+    path: str,
+    deadletter: str | None,
+    counter: Accumulator[int],
+    done: Callable[[int], None] | None = None,
+) -> Iterator[Any]:
     """Parsed JSON lines; malformed ones are counted and go to `<deadletter>/<file>.jsonl`
-    (idempotent per batch)."""
+    (idempotent per batch). `done` gets the number of parsed records once all were read."""
     malformed = []
+    parsed = 0
     with open(path, encoding="utf-8", errors="replace") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                record = json.loads(line)
             except ValueError as error:
                 malformed.append(
                     {"file": path, "line": number, "error": str(error), "record": line.rstrip("\n")}
                 )
+            else:
+                parsed += 1
+                yield record
     if malformed:
         counter.add(len(malformed))
     if malformed and deadletter is not None:
         body = "".join(json.dumps(m) + "\n" for m in malformed).encode()
         write_atomically(Path(deadletter) / f"{Path(path).name}.jsonl", body)
+    if done is not None:
+        done(parsed)
 
 
 class RateInputDStream(InputDStream):
@@ -380,6 +440,34 @@ class RateInputDStream(InputDStream):
 
     def records_in(self, planned: Any) -> int:
         return sum(end - start for start, end in planned)
+
+    def available_at(self, partition: int, offset: int) -> int:
+        """When record `offset` of `partition` became available (ms): the first millisecond
+        at which _available counts it, record number offset * partitions + partition."""
+        number = offset * self.partitions + partition
+        return self._ssc._graph.zero_ms + -(-(number + 1) * 1000 // self.records_per_second)
+
+    def record_ages(self, time_ms: int, planned: Any) -> Ages | None:
+        """Exact from the range and the schedule: no task counts anything."""
+        slices = [(p, start, end) for p, (start, end) in enumerate(planned) if end > start]
+        if not slices:
+            return None
+        zero_ms, parts, rate = self._ssc._graph.zero_ms, self.partitions, self.records_per_second
+
+        def available_by(at_ms: int) -> int:
+            """Records of the range available at or before at_ms (a plain loop: it runs once
+            per age bin, a thousand times for a 1 s batch)."""
+            highest = rate * max(0, at_ms - zero_ms) // 1000 - 1  # the last record number
+            total = 0
+            for p, start, end in slices:
+                reached = (highest - p) // parts + 1  # offsets of partition p available
+                if reached > start:
+                    total += min(reached, end) - start
+            return total
+
+        first = min(self.available_at(p, start) for p, start, _end in slices)
+        last = max(self.available_at(p, end - 1) for p, _start, end in slices)
+        return latency.ages_of_schedule(time_ms, first, last, available_by)
 
     def _read(self, time_ms: int, planned: Any) -> RDD:
         seed, size = self.seed, self.record_bytes

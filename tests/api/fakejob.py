@@ -11,6 +11,7 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
+from dstream.runtime import latency
 from dstream.runtime.recovery import RECOVERY_KINDS
 from dstream.runtime.scheduler import BatchInfo
 from dstream_api.models import Batch, SliceResult, Status, StreamSummary
@@ -40,6 +41,7 @@ def batch_info(n: int) -> BatchInfo:
     info.processing_start_ms = time_ms + 50
     info.processing_end_ms = time_ms + 250
     info.checkpoint_seconds = 0.004
+    info.latency = latency.summarize({100: 1, 400: n}, commit_delay_ms=250)
     return info
 
 

@@ -25,6 +25,7 @@ METRICS = [
     "dstream_checkpoint_seconds_count",
     "dstream_recoveries_total",
     "dstream_failed_batches_total",
+    "dstream_end_to_end_latency_seconds_bucket",
 ]
 
 
@@ -90,6 +91,11 @@ def test_batches_are_newest_first_with_checkpoint_timing(driver):
     times = [epoch(b["time"]) for b in batches]
     assert times == sorted(times, reverse=True)
     assert all(b["checkpointSeconds"] > 0 and b["error"] is None for b in batches)
+    # a rate source's records are all available by the batch time, so each waited at least
+    # from there to the commit
+    assert all(
+        b["totalDelaySeconds"] <= b["latencyP50Seconds"] <= b["latencyP99Seconds"] for b in batches
+    )
 
 
 def test_streams_lists_the_registered_counts(driver):

@@ -94,6 +94,8 @@ def test_batches_newest_first_and_limited(client):
     assert first["recordsBySource"] == {"rate": 500}
     assert first["checkpointSeconds"] == pytest.approx(0.004)
     assert first["error"] is None
+    assert (first["latencyP50Seconds"], first["latencyP99Seconds"]) == (0.65, 0.65)
+    assert batches[1]["latencyP50Seconds"] == 0.65
     assert len(client.get("/v1/batches").json()["batches"]) == 5
 
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 import uuid
 
 import nats
@@ -190,3 +191,22 @@ def test_the_password_or_token_comes_from_the_environment(
         assert source.records_in(source.plan(1000, None)) == 3
     finally:
         server.stop()
+
+
+def test_each_message_is_measured_from_its_stored_timestamp_once_however_often_read(
+    ssc, nats_server
+):
+    """The server stamps a message when it stores it, between the publisher's clock readings
+    before and after publishing; a range read twice still reports each message once."""
+    before_ms = int(time.time() * 1000)
+    stream = new_stream(nats_server.url, [f"m{i}" for i in range(20)])
+    after_ms = int(time.time() * 1000)
+    source = source_for(ssc, nats_server.url, stream)
+    batch_ms = after_ms + 5000
+    planned = source.plan(batch_ms, None)
+    rdd = source.compute(batch_ms)
+    assert len(rdd.collect()) == 20 and rdd.count() == 20
+    ages = source.record_ages(batch_ms, planned)
+    assert ages is not None and sum(ages.values()) == 20
+    assert all(batch_ms - after_ms <= age <= batch_ms - before_ms for age in ages)
+    assert source.record_ages(batch_ms, planned) is None  # taken once

@@ -239,3 +239,24 @@ def test_the_password_comes_from_the_environment(ssc, client, redis_server, monk
     finally:
         authed = redis.Redis.from_url(redis_server.url, password="s3cret")
         authed.config_set("requirepass", "")
+
+
+def test_each_entry_is_measured_from_its_id_and_counted_once_however_often_read(
+    ssc, client, redis_server
+):
+    """Entry IDs carry the milliseconds Redis added them at (here chosen by the test); a range
+    read twice reports each entry once, and an entry without the field is not counted."""
+    key = f"events-{uuid.uuid4().hex[:8]}"
+    for entry_id, fields in [
+        ("300-0", {"line": "a"}),
+        ("300-1", {"line": "b"}),
+        ("700-0", {"other": "c"}),
+        ("850-0", {"line": "d"}),
+    ]:
+        client.xadd(key, fields, id=entry_id)
+    source = source_for(ssc, redis_server.url, key, field="line")
+    planned = source.plan(1000, None)
+    rdd = source.compute(1000)
+    assert sorted(rdd.collect()) == ["a", "b", "d"] and rdd.count() == 3
+    assert source.record_ages(1000, planned) == {700: 2, 150: 1}
+    assert source.record_ages(1000, planned) is None  # taken once

@@ -23,6 +23,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -33,6 +34,8 @@ from nats.js.api import StreamState
 from nats.js.client import JetStreamContext
 from pyspark import RDD
 
+from dstream.runtime import latency
+from dstream.runtime.latency import Ages
 from dstream.sources import InputDStream, SourceError
 from dstream.spec import password_env
 
@@ -134,6 +137,7 @@ class NatsInputDStream(InputDStream):
         state = self._state(retry_seconds=2.0)
         self._start = state.last_seq + 1 if start_from == "latest" else max(1, state.first_seq)
         self._next: int | None = None
+        self._age_reports = latency.slice_reports(ssc.sparkContext)
 
     def signature(self) -> dict[str, Any]:
         return {**super().signature(), "stream": self.stream, "subjects": self.subjects}
@@ -213,20 +217,42 @@ class NatsInputDStream(InputDStream):
     def records_in(self, planned: Any) -> int:
         return sum(last - first + 1 for first, last in planned["slices"])
 
+    def record_ages(self, time_ms: int, planned: Any) -> Ages | None:
+        """Counted by the tasks from each message's stored timestamp."""
+        return latency.reported_ages(self._age_reports, time_ms)
+
     def _read(self, time_ms: int, planned: Any) -> RDD:
         slices = [tuple(s) for s in planned["slices"]]
         if not slices:
             return self._sc.emptyRDD()
         url, stream, subjects, retry = self.url, self.stream, self.subjects, self.retry_seconds
-        return self._sc.parallelize(slices, len(slices)).flatMap(
-            lambda s: read_range(url, stream, s[0], s[1], subjects, retry)
-        )
+        reports = self._age_reports
+
+        def read(split: int, items: Iterator[tuple[int, int]]) -> Iterator[str]:
+            ages: Ages = {}
+            records = (
+                record
+                for first, last in items
+                for record in read_range(url, stream, first, last, subjects, retry, ages, time_ms)
+            )
+            return latency.reporting(records, reports, (time_ms, split), ages)
+
+        return self._sc.parallelize(slices, len(slices)).mapPartitionsWithIndex(read)
 
 
 def read_range(
-    url: str, stream: str, first: int, last: int, subjects: list[str], retry_seconds: float
+    url: str,
+    stream: str,
+    first: int,
+    last: int,
+    subjects: list[str],
+    retry_seconds: float,
+    ages: Ages | None = None,
+    batch_ms: int = 0,
 ) -> Iterator[str]:
-    """The messages with sequences first..last (a task); SourceError if one is gone."""
+    """The messages with sequences first..last (a task); SourceError if one is gone. With
+    `ages`, each message's age at batch_ms (from the time the server stored it) is counted into
+    it."""
     start = first
     while start <= last:
         stop = min(last, start + IN_FLIGHT * 16 - 1)
@@ -235,15 +261,17 @@ def read_range(
             retry_seconds,
             f"nats server {url}",
         )
-        for subject, data in window:
+        for subject, data, stored in window:
             if not subjects or any(subject_matches(subject, s) for s in subjects):
+                if ages is not None:
+                    latency.add_age(ages, batch_ms - int(stored.timestamp() * 1000))
                 yield data.decode("utf-8", errors="replace")
         start = stop + 1
 
 
 def _get(stream: str, first: int, last: int) -> Callable[[JetStreamContext], Awaitable[list]]:
-    async def get(js: JetStreamContext) -> list[tuple[str, bytes]]:
-        found: list[tuple[str, bytes]] = []
+    async def get(js: JetStreamContext) -> list[tuple[str, bytes, datetime]]:
+        found: list[tuple[str, bytes, datetime]] = []
         for start in range(first, last + 1, IN_FLIGHT):
             sequences = range(start, min(last, start + IN_FLIGHT - 1) + 1)
             replies = await asyncio.gather(
@@ -258,7 +286,7 @@ def _get(stream: str, first: int, last: int) -> Callable[[JetStreamContext], Awa
                     )
                 if isinstance(reply, BaseException):
                     raise reply
-                found.append((reply.subject, reply.data or b""))
+                found.append((reply.subject, reply.data or b"", reply.time))
         return found
 
     return get

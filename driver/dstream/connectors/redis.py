@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +31,9 @@ from pyspark import RDD, Accumulator
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from dstream.runtime import latency
 from dstream.runtime.checkpoint import write_atomically
+from dstream.runtime.latency import Ages
 from dstream.sources import InputDStream, SourceError, split_budget
 from dstream.spec import password_env
 
@@ -136,6 +139,7 @@ class RedisInputDStream(InputDStream):
         self._connect()
         self._positions: dict[str, dict[str, Any]] = {}
         self._malformed = ssc.sparkContext.accumulator(0)
+        self._age_reports = latency.slice_reports(ssc.sparkContext)
         self._require_streams()
         self._starts = {key: self._start(self._info(key)) for key in self.streams}
 
@@ -279,6 +283,10 @@ class RedisInputDStream(InputDStream):
     def records_in(self, planned: Any) -> int:
         return sum(c for s in planned["streams"].values() for _f, _l, c in s["slices"])
 
+    def record_ages(self, time_ms: int, planned: Any) -> Ages | None:
+        """Counted by the tasks from each entry ID's milliseconds (when Redis added it)."""
+        return latency.reported_ages(self._age_reports, time_ms)
+
     # -- reading --------------------------------------------------------------------------
 
     def _read(self, time_ms: int, planned: Any) -> RDD:
@@ -291,10 +299,20 @@ class RedisInputDStream(InputDStream):
             return self._sc.emptyRDD()
         url, field, retry = self.url, self.field, self.retry_seconds
         deadletter = self._deadletter_dir(time_ms) if field else None
-        malformed = self._malformed
-        return self._sc.parallelize(tasks, len(tasks)).flatMap(
-            lambda task: read_range(url, *task, field, deadletter, malformed, retry)
-        )
+        malformed, reports = self._malformed, self._age_reports
+
+        def read(split: int, items: Iterator[tuple[str, str, str, int]]) -> Iterator[Any]:
+            ages: Ages = {}
+            records = (
+                record
+                for task in items
+                for record in read_range(
+                    url, *task, field, deadletter, malformed, retry, ages, time_ms
+                )
+            )
+            return latency.reporting(records, reports, (time_ms, split), ages)
+
+        return self._sc.parallelize(tasks, len(tasks)).mapPartitionsWithIndex(read)
 
 
 def missing_message(key: str, first: str, last: str, count: int, found: list[list[Any]]) -> str:
@@ -316,18 +334,25 @@ def read_range(
     deadletter: str | None,
     malformed: Accumulator[int],
     retry_seconds: float,
+    ages: Ages | None = None,
+    batch_ms: int = 0,
 ) -> Iterator[Any]:
-    """The records of entries first..last of `key` (a task); SourceError if any is gone."""
+    """The records of entries first..last of `key` (a task); SourceError if any is gone. With
+    `ages`, each record's age at batch_ms (from its entry ID's milliseconds, when Redis added
+    it) is counted into it."""
     with server_errors(url, retry_seconds):
         entries = list(_entries(connect(url, retry_seconds), key, first, last, count))
     if len(entries) != count or (entries and entries[0][0] != first):
         got = [[entries[0][0], entries[-1][0], len(entries)]] if entries else []
         raise SourceError(missing_message(key, first, last, count, got))
     lacking = []
+    added: list[str] = []  # entry IDs of the records yielded
     for entry_id, fields in entries:
         if field is None:
+            added.append(entry_id)
             yield fields
         elif field in fields:
+            added.append(entry_id)
             yield fields[field]
         else:
             problem = {"stream": key, "id": entry_id, "error": f"no field {field!r}"}
@@ -338,6 +363,9 @@ def read_range(
             body = "".join(json.dumps(m) + "\n" for m in lacking).encode()
             name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"redis-{key}-{first}")
             write_atomically(Path(deadletter) / f"{name}.jsonl", body)
+    if ages is not None:
+        for milliseconds, records in Counter(i.partition("-")[0] for i in added).items():
+            latency.add_age(ages, batch_ms - int(milliseconds), records)
 
 
 def _entries(

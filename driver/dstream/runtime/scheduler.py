@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from dstream.runtime import durable, pools, timeline
+from dstream.runtime import durable, latency, pools, timeline
 from dstream.runtime.checkpoint import (
     CheckpointDir,
     CheckpointWriteError,
@@ -42,6 +42,7 @@ from dstream.runtime.fencing import (
     epoch_source_from_env,
     set_current_fence,
 )
+from dstream.runtime.latency import BatchLatency
 from dstream.runtime.lease import DEFAULT_DURATION_S, DURATION_KEY, CheckpointLease
 from dstream.runtime.recovery import CheckpointFollower, CheckpointRecovery, Recovery
 from dstream.runtime.timeutil import datetime_of
@@ -80,6 +81,9 @@ class BatchInfo:
     skipped: bool = False  # failed for good, committed as skipped (failurePolicy onExhausted)
     state_checkpoints: dict[str, Any] = field(default_factory=dict)
     checkpoint_seconds: float | None = None  # writing the batch record + commit marker
+    # end-to-end, availability at the source -> output committed (runtime/latency.py); None
+    # until committed, and when no source knows when its records became available
+    latency: BatchLatency | None = None
     record: dict[str, Any] | None = field(default=None, repr=False)  # to write before outputs
 
     def batchTime(self) -> datetime:
@@ -117,6 +121,7 @@ class BatchInfo:
             "retries": self.retries,
             "skipped": self.skipped,
             "error": self.error,
+            "endToEndLatency": self.latency.to_json() if self.latency else None,
         }
 
 
@@ -407,6 +412,9 @@ class BatchScheduler:
         if outcome.error is not None:
             info.error = _describe(outcome.error)
         info.processing_end_ms = self.clock.now_ms()
+        ages = self._record_ages(info)
+        if outcome.status == "committed":
+            info.latency = latency.summarize(ages, info.processing_end_ms - time_ms)
         self._graph.clear_metadata(time_ms)
         self.current = None
         self.history.append(info)
@@ -422,6 +430,15 @@ class BatchScheduler:
         assert outcome.error is not None
         self._give_up(info, outcome.error)
         return False
+
+    def _record_ages(self, info: BatchInfo) -> latency.Ages:
+        """The ages of the batch's records at its batch time, from every source that knows
+        them; taken whatever the outcome, so that the sources' task reports do not pile up."""
+        return latency.merged(
+            source.record_ages(info.batch_time_ms, info.ranges[source.name])
+            for source in self._graph.inputs
+            if source.name in info.ranges
+        )
 
     def _execute(self, info: BatchInfo) -> BatchOutcome:
         """Record the batch, run its outputs and commit it. Outputs that failed for good are

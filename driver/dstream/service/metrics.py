@@ -19,9 +19,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
+from dstream.runtime.latency import LATENCY_BUCKETS_S, BatchLatency
 from dstream.runtime.pools import QUERIES, use_pool
 from dstream.runtime.recovery import recovery_counts
 
@@ -62,6 +68,8 @@ class StreamingMetrics:
             state_keys_interval_s = state_keys_interval(ssc)
         self.state_keys = StateKeysSampler(ssc, state_keys_interval_s)
         self.registry.register(LiveCollector(job, ssc, self.state_keys))
+        self.end_to_end = EndToEndLatency(job)
+        self.registry.register(self.end_to_end)
 
     def _batch_counters(self, job: str) -> None:
         registry = self.registry
@@ -174,11 +182,51 @@ class StreamingMetrics:
         if info.checkpoint_seconds is not None:
             self.checkpoint.observe(info.checkpoint_seconds)
         self.last_batch_time.set(info.batch_time_ms / 1000)
+        if info.latency is not None:
+            self.end_to_end.add(info.latency)
         self.state_keys.maybe_sample()
 
     def close(self) -> None:
         """Stop sampling state sizes; call before stopping the SparkContext."""
         self.state_keys.close()
+
+
+class EndToEndLatency(Collector):
+    """dstream_end_to_end_latency_seconds: every committed record's latency, added a batch at a
+    time from the batch's bucket counts (prometheus_client's Histogram observes one value per
+    call; a batch of a million records is one call here)."""
+
+    def __init__(self, job: str):
+        self._job = job
+        self._lock = threading.Lock()
+        self._buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self._sum_s = 0.0
+
+    def add(self, batch: BatchLatency) -> None:
+        with self._lock:
+            self._buckets = [a + b for a, b in zip(self._buckets, batch.buckets, strict=True)]
+            self._sum_s += batch.sum_s
+
+    def describe(self) -> list[Metric]:
+        return [self._family()]
+
+    def collect(self) -> list[Metric]:
+        family = self._family()
+        with self._lock:
+            counts, sum_s = list(self._buckets), self._sum_s
+        bounds = [*(str(b) for b in LATENCY_BUCKETS_S), "+Inf"]
+        cumulative = [sum(counts[: i + 1]) for i in range(len(counts))]
+        family.add_metric([self._job], list(zip(bounds, cumulative, strict=True)), sum_s)
+        return [family]
+
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(
+            "dstream_end_to_end_latency_seconds",
+            "Per record, from when it became available at its source (rate: its scheduled "
+            "time; files: the file's arrival; Redis: its entry ID; NATS: its stored timestamp) "
+            "to when its batch's output committed.",
+            labels=["job"],
+        )
 
 
 class StateKeysSampler:
