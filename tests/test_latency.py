@@ -212,3 +212,36 @@ def test_a_batch_without_known_availability_has_no_latency(sc):
     finally:
         ssc.stop(stopSparkContext=False)
     assert info.latency is None and info.to_json()["endToEndLatency"] is None
+
+
+def test_a_file_stream_restored_from_a_checkpoint_older_than_latency_measures_too(sc, tmp_path):
+    """A graph pickled before sources reported ages (no accumulator in it) restores and
+    measures its records."""
+    from dstream import StreamingContext
+    from dstream.runtime.clock import ManualClock
+
+    checkpoint, inputs = str(tmp_path / "checkpoint"), tmp_path / "in"
+    inputs.mkdir()
+
+    def setup() -> StreamingContext:
+        ssc = StreamingContext(sc, 1)
+        stream = ssc.textFileStream(str(inputs))
+        del stream._age_reports  # as the stream of an older checkpoint
+        stream.foreachRDD(lambda rdd: rdd.count())
+        return ssc
+
+    first = StreamingContext.getOrCreate(checkpoint, setup)
+    first._clock = ManualClock(0)
+    first.start()
+    first.stop(stopSparkContext=False)
+
+    restored = StreamingContext.getOrCreate(checkpoint, setup)
+    restored._clock = ManualClock(0)
+    restored.start()
+    try:
+        write_file(inputs, "a.txt", ["a1", "a2"], mtime_ms=600)
+        restored._clock.advance(1000)
+        info = restored._scheduler.wait_for_batch(1000, BATCH_TIMEOUT_S)
+    finally:
+        restored.stop(stopSparkContext=False)
+    assert info.latency is not None and info.latency.records == 2

@@ -47,7 +47,15 @@ class InputDStream(DStream):
         super().__init__(ssc, [], ssc._graph.batch_ms)
         self.name = name
         self._ranges: dict[int, Any] = {}
+        self._age_reports = latency.slice_reports(ssc.sparkContext)
         ssc._graph.add_input(self)
+
+    def _attach(self, ssc: StreamingContext) -> None:
+        """As DStream's; a stream from a checkpoint written before sources reported their
+        records' ages gets the accumulator they report to."""
+        super()._attach(ssc)
+        if "_age_reports" not in self.__dict__:
+            self._age_reports = latency.slice_reports(ssc.sparkContext)
 
     def signature(self) -> dict[str, Any]:
         return {**super().signature(), "name": self.name}
@@ -206,7 +214,6 @@ class FileInputDStream(InputDStream):
         self._seen: set[str] = set()
         self._bytes_per_record = bytes_per_record
         self._malformed = ssc.sparkContext.accumulator(0)
-        self._age_reports = latency.slice_reports(ssc.sparkContext)
         if new_files_only:
             self._seen.update(self._listing())
 

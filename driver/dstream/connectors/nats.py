@@ -137,7 +137,6 @@ class NatsInputDStream(InputDStream):
         state = self._state(retry_seconds=2.0)
         self._start = state.last_seq + 1 if start_from == "latest" else max(1, state.first_seq)
         self._next: int | None = None
-        self._age_reports = latency.slice_reports(ssc.sparkContext)
 
     def signature(self) -> dict[str, Any]:
         return {**super().signature(), "stream": self.stream, "subjects": self.subjects}

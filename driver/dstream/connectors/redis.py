@@ -139,7 +139,6 @@ class RedisInputDStream(InputDStream):
         self._connect()
         self._positions: dict[str, dict[str, Any]] = {}
         self._malformed = ssc.sparkContext.accumulator(0)
-        self._age_reports = latency.slice_reports(ssc.sparkContext)
         self._require_streams()
         self._starts = {key: self._start(self._info(key)) for key in self.streams}
 
