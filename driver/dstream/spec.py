@@ -25,6 +25,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from dstream.pod_spec import PodSettings
+
 API_VERSION = "dstream.dev/v1alpha1"
 KIND = "StreamingJob"
 
@@ -325,15 +327,31 @@ class Speculation(SpecModel):
     quantile: float = Field(0.75, gt=0, le=1)
 
 
-class Driver(SpecModel):
+class DisruptionBudget(SpecModel):
+    """A PodDisruptionBudget for the job's drivers or executors (Kubernetes): how many of them a
+    voluntary disruption, such as a node drain, may evict at a time."""
+
+    enabled: bool = True
+    max_unavailable: int = Field(
+        1, ge=0, description="0: a drain waits until the pods are moved by hand."
+    )
+
+
+class Driver(PodSettings):
+    """The driver pod: its resources and pod customisation."""
+
     cores: int = Field(1, ge=1)
     memory: Memory = "1g"
+    disruption_budget: DisruptionBudget = Field(default_factory=DisruptionBudget)
 
 
-class Executor(SpecModel):
+class Executor(PodSettings):
+    """The executor pods: count, resources and pod customisation (a Spark pod template)."""
+
     instances: int = Field(2, ge=1)
     cores: int = Field(1, ge=1)
     memory: Memory = "1g"
+    disruption_budget: DisruptionBudget = Field(default_factory=DisruptionBudget)
 
 
 class PersistentVolumeClaimRef(SpecModel):

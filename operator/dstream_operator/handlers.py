@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 from typing import Any
 
 import kopf
+from dstream.spec import StreamingJob
 
 from dstream_operator import resources
+from dstream_operator.kube import Kube
 from dstream_operator.metrics import counted
 from dstream_operator.reconcile import STOP_JOB_DELETION
 from dstream_operator.status import pod_facts
@@ -44,6 +47,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     )
     settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING
+    policy = await memo.kube.first_served(resources.POLICY_VERSIONS, "poddisruptionbudgets")
+    memo.supervision = dataclasses.replace(memo.supervision, policy_version=policy)
     memo.book = JobBook()
     supervisor = Supervisor(memo.book, memo.kube, memo.supervision)
     memo.supervisor_task = asyncio.create_task(supervisor.run_forever(), name="supervisor")
@@ -73,13 +78,15 @@ async def set_up(
     if job is None:
         logger.warning("invalid spec, nothing set up: %s", "; ".join(problems))
     else:
-        for child in resources.children(job, owner_of(dict(body))):
+        policy = memo.supervision.policy_version
+        for child in resources.children(job, owner_of(dict(body)), policy):
             await memo.kube.apply(child)
         kopf.event(
             body,
             type="Normal",
             reason="SetUp",
-            message="ServiceAccount, Role, RoleBinding, ConfigMap and Service in place",
+            message="ServiceAccount, Role, RoleBinding, ConfigMap, Service and "
+            "PodDisruptionBudgets in place",
         )
         patch.status["observedGeneration"] = meta.get("generation")
     memo.book.mark_set_up(key)
@@ -104,7 +111,9 @@ async def spec_changed(
     if job is None:
         logger.warning("invalid spec, change not applied: %s", "; ".join(problems))
         return
-    await memo.kube.apply(resources.config_map(job, owner_of(dict(body))))
+    owner = owner_of(dict(body))
+    await memo.kube.apply(resources.config_map(job, owner))
+    await sync_disruption_budgets(memo.kube, job, owner, memo.supervision.policy_version)
     changed = resources.restart_fields(dict(old or {}), dict(new or {}))
     if memo.book.reset_failure(key):
         kopf.event(
@@ -119,6 +128,19 @@ async def spec_changed(
         message = "applied without restarting the driver"
     kopf.event(body, type="Normal", reason="SpecChanged", message=message)
     patch.status["observedGeneration"] = meta.get("generation")
+
+
+async def sync_disruption_budgets(
+    kube: Kube, job: StreamingJob, owner: resources.Owner, policy_version: str
+) -> None:
+    """Bring the budgets to the spec: they follow executor.instances and may be turned off."""
+    for role in resources.DISRUPTED_ROLES:
+        budget = resources.disruption_budget(job, owner, role, policy_version)
+        if budget is not None:
+            await kube.apply(budget)
+        else:
+            name = resources.disruption_budget_name(owner.name, role)
+            await kube.delete(policy_version, "PodDisruptionBudget", owner.namespace, name)
 
 
 def deletes_checkpoint(spec: kopf.Spec, **_: Any) -> bool:

@@ -54,6 +54,7 @@ class Observation:
     report: DriverReport | None
     spec_hash: str  # of the current spec; a live driver with another one is outdated
     now: datetime
+    template_overrides: tuple[str, ...] = ()  # pod template fields the operator overrides
 
 
 @dataclass
@@ -204,3 +205,8 @@ def _run(seen: Observation, step: Plan) -> None:
     )
     reason = "DriverRestarted" if due is not None else "DriverCreated"
     step.events.append(Event("Normal", reason, "created the driver pod"))
+    if seen.template_overrides:
+        message = "pod fields the operator owns, the job's values ignored: "
+        step.events.append(
+            Event("Warning", "PodTemplateOverridden", message + ", ".join(seen.template_overrides))
+        )

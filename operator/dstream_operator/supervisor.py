@@ -25,19 +25,23 @@ from dstream.spec import API_VERSION, KIND, SpecError, StreamingJob, parse_job
 
 from dstream_operator import metrics, resources
 from dstream_operator.driver_api import fetch_report
-from dstream_operator.kube import Kube
-from dstream_operator.reconcile import Observation, Plan, plan
+from dstream_operator.kube import Kube, KubeError
+from dstream_operator.reconcile import Event, Observation, Plan, plan
 from dstream_operator.status import (
     STOP_REASON_ANNOTATION,
     DriverReport,
     JobStatus,
     PodFacts,
     pod_facts,
+    with_phase,
 )
 
 logger = logging.getLogger(__name__)
 
 JobKey = tuple[str, str]  # (namespace, name)
+# Answers to creating a driver pod that no retry can change (a pod template the API server
+# finds invalid): the job fails saying why, until its spec changes.
+REJECTED = (400, 422)
 
 
 @dataclass
@@ -158,6 +162,7 @@ class SupervisorSettings:
     poll_timeout_seconds: float = 2.0
     driver_host: resources.DriverHost = "service"
     api_server: str = resources.DEFAULT_API_SERVER  # the drivers' Spark master
+    policy_version: str = resources.POLICY_VERSIONS[0]  # of PodDisruptionBudgets; see start()
 
 
 def owner_of(body: dict[str, Any]) -> resources.Owner:
@@ -194,6 +199,13 @@ async def stop_driver(kube: Kube, owner: resources.Owner, reason: str) -> bool:
     if marked is None:
         return False
     return await kube.delete("v1", "Pod", owner.namespace, name)
+
+
+def _reject(step: Plan, message: str, now: datetime) -> None:
+    """The planned driver cannot be created: the job fails instead of trying every tick."""
+    step.status = with_phase(step.status, "Failed", message, now)
+    step.events = [e for e in step.events if e.type == "Warning"]
+    step.events.append(Event("Warning", "DriverPodRejected", message))
 
 
 class Supervisor:
@@ -247,6 +259,7 @@ class Supervisor:
                 report=await self._report(memory, owner, http),
                 spec_hash=resources.spec_hash(job) if job else "",
                 now=datetime.now(UTC),
+                template_overrides=tuple(self._template_overrides(job, owner)),
             )
             step = plan(seen)
             await self._act(step, memory, owner, job, seen.now)
@@ -255,6 +268,12 @@ class Supervisor:
             memory.vanished = memory.vanished or vanished  # decide on it again next time
             raise
         await self._write_status(memory, owner, step.status)
+
+    def _template_overrides(self, job: StreamingJob | None, owner: resources.Owner) -> list[str]:
+        if job is None:
+            return []
+        settings = self.settings
+        return resources.template_overrides(job, owner, settings.driver_host, settings.api_server)
 
     async def _report(
         self, memory: JobMemory, owner: resources.Owner, http: aiohttp.ClientSession
@@ -286,13 +305,20 @@ class Supervisor:
             await stop_driver(self.kube, owner, step.stop_driver)
             memory.mark_stopped(driver, step.stop_driver)
         if step.create_driver and job is not None:
-            for child in resources.children(job, owner):  # the driver pod needs them all
+            policy = self.settings.policy_version
+            for child in resources.children(job, owner, policy):  # the driver pod needs them
                 await self.kube.apply(child)
             pod = resources.driver_pod(
                 job, owner, self.settings.driver_host, self.settings.api_server
             )
-            created = await self.kube.create(pod)
-            memory.driver = pod_facts(created or pod)
+            try:
+                created = await self.kube.create(pod)
+            except KubeError as error:
+                if error.status not in REJECTED:
+                    raise
+                _reject(step, f"the API server rejected the driver pod: {error}", now)
+            else:
+                memory.driver = pod_facts(created or pod)
         if step.restarted:
             metrics.DRIVER_RESTARTS.labels(owner.namespace, owner.name).inc()
         for event in step.events:

@@ -44,6 +44,8 @@ async def test_create_sets_up_children_and_driver(operator):
         ("rbac.authorization.k8s.io/v1/rolebindings", "wc-driver"),
         ("v1/configmaps", "wc-job"),
         ("v1/services", "wc-driver"),
+        ("policy/v1/poddisruptionbudgets", "wc-driver"),
+        ("policy/v1/poddisruptionbudgets", "wc-executor"),
         (PODS, "wc-driver"),
     ]:
         child = current(operator, resource, name)
@@ -176,6 +178,12 @@ async def test_spec_change_restarts_driver_only_when_needed(operator):
         lambda: "spark.executor.instances=3" in str(current(operator, PODS, "wc-driver"))
     )
     assert "instances: 3" in current(operator, "v1/configmaps", "wc-job")["data"]["job.yaml"]
+    budget = current(operator, "policy/v1/poddisruptionbudgets", "wc-executor")
+    assert budget["spec"]["minAvailable"] == 2  # follows the instances
+
+    no_budget = {"disruptionBudget": {"enabled": False}}
+    await operator.patch(path(JOBS, "wc"), json={"spec": {"executor": no_budget}})
+    await wait_for(lambda: not current(operator, "policy/v1/poddisruptionbudgets", "wc-executor"))
     assert status_of(operator)["restarts"] == 0
     reasons = [reason for _, reason, _ in events(operator)]
     assert "Restarting" in reasons
