@@ -33,6 +33,7 @@ from dstream_operator.supervisor import (
 JOBS = ("dstream.dev", "v1alpha1", "streamingjobs")
 DRIVER_PODS = {resources.ROLE_LABEL: "driver", resources.JOB_LABEL: kopf.PRESENT}
 EXECUTOR_PODS = {resources.ROLE_LABEL: "executor", resources.JOB_LABEL: kopf.PRESENT}
+POD_SELECTOR = f"{resources.JOB_LABEL},{resources.ROLE_LABEL} in (driver,executor)"
 FINALIZER = "dstream.dev/checkpoint-cleanup"
 WAIT_SECONDS = 3
 
@@ -47,6 +48,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     )
     settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING
+    # Filter pods on the API server: a handler's `labels=` only filters what kopf has already
+    # received, and an operator watching every namespace would stream every pod in the cluster.
+    settings.watching.label_selectors["", "v1", "pods"] = POD_SELECTOR
     policy = await memo.kube.first_served(resources.POLICY_VERSIONS, "poddisruptionbudgets")
     memo.supervision = dataclasses.replace(memo.supervision, policy_version=policy)
     memo.book = JobBook()

@@ -3,7 +3,7 @@
 dstream-operator --namespace jobs [--namespace more] | --all-namespaces
                  [--liveness http://0.0.0.0:8081/healthz] [--metrics-port 8080]
                  [--peering dstream | --standalone] [--driver-host service|pod-ip]
-                 [--api-server URL]
+                 [--api-server URL] [--poll-seconds S] [--concurrency N]
 """
 
 from __future__ import annotations
@@ -87,7 +87,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "$(KUBERNETES_SERVICE_HOST)-style references are expanded in the driver pod",
     )
     parser.add_argument(
-        "--poll-seconds", type=float, default=5.0, help="how often drivers are polled for status"
+        "--poll-seconds",
+        type=float,
+        default=5.0,
+        help="how often each job's status is refreshed and its driver polled; the jobs are "
+        "spread over this interval",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=16,
+        help="supervision steps (API calls, driver polls) in flight at once",
     )
     parser.add_argument("--verbose", "-v", action="store_true")
     return parser.parse_args(argv)
@@ -109,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         kube=Kube(configuration),
         supervision=SupervisorSettings(
             interval_seconds=args.poll_seconds,
+            concurrency=args.concurrency,
             driver_host=args.driver_host,
             api_server=args.api_server,
         ),

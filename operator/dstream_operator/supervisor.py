@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import math
 import time
+import zlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -57,6 +58,7 @@ class JobMemory:
     report: DriverReport | None = None
     polled_at: float = -math.inf
     wake_at: datetime | None = None  # the last plan asked to be made again then
+    refresh_at: datetime | None = None  # step again then even if nothing changes (status)
 
     def mark_stopped(self, pod: PodFacts, reason: str) -> None:
         """Remember that the supervisor stopped `pod` or handled its end. Watch events may
@@ -79,20 +81,26 @@ class JobBook:
     def __init__(self) -> None:
         self.jobs: dict[JobKey, JobMemory] = {}
         self.changed = asyncio.Event()
+        self.dirty: set[JobKey] = set()  # jobs seen changing since their last step
 
     def memory(self, key: JobKey) -> JobMemory:
         return self.jobs.setdefault(key, JobMemory())
+
+    def touch(self, key: JobKey) -> None:
+        """Something about this job changed: step it soon."""
+        self.dirty.add(key)
+        self.changed.set()
 
     def see_job(self, key: JobKey, body: dict[str, Any] | None) -> None:
         if body is None:
             self.jobs.pop(key, None)
         else:
             self.memory(key).body = body
-        self.changed.set()
+        self.touch(key)
 
     def mark_set_up(self, key: JobKey) -> None:
         self.memory(key).set_up = True
-        self.changed.set()
+        self.touch(key)
 
     def see_driver(self, key: JobKey, pod: PodFacts, deleted: bool) -> None:
         memory = self.memory(key)
@@ -106,7 +114,7 @@ class JobBook:
             self._forget_if_orphaned(key)
         else:
             memory.driver = pod
-        self.changed.set()
+        self.touch(key)
 
     def see_executor(self, key: JobKey, pod: PodFacts, deleted: bool) -> None:
         executors = self.memory(key).executors
@@ -115,7 +123,7 @@ class JobBook:
             self._forget_if_orphaned(key)
         else:
             executors[pod.name] = pod.ready and pod.alive
-        self.changed.set()
+        self.touch(key)
 
     def _forget_if_orphaned(self, key: JobKey) -> None:
         """Pods of a deleted job go after the job itself: keep no memory for them."""
@@ -137,15 +145,30 @@ class JobBook:
                 "message": "spec changed; starting again",
             }
         )
-        self.changed.set()
+        self.touch(key)
         return True
 
+    def _next_steps(self) -> list[tuple[JobKey, datetime]]:
+        """When each job wants its next step without a change: a restart backoff's end, or
+        its status refresh."""
+        return [
+            (key, at)
+            for key, memory in self.jobs.items()
+            for at in (memory.wake_at, memory.refresh_at)
+            if at is not None
+        ]
+
+    def take_due(self, now: datetime) -> list[JobKey]:
+        """The jobs to step now: those that changed and those whose time has come."""
+        due = self.dirty | {key for key, at in self._next_steps() if at <= now}
+        self.dirty = set()
+        return sorted(key for key in due if key in self.jobs)
+
     def seconds_to_wait(self, interval: float, now: datetime) -> float:
-        """The poll interval, or less when a job's restart backoff ends sooner: a restart
-        must not wait for the next poll tick (backoffSeconds may be shorter than the interval)."""
-        wake_ups = [m.wake_at for m in self.jobs.values() if m.wake_at is not None]
-        soonest = min(((at - now).total_seconds() for at in wake_ups), default=interval)
-        return max(0.0, min(interval, soonest))
+        """Until the next job's time comes, at most the poll interval: a restart must not
+        wait for the next poll tick (backoffSeconds may be shorter than the interval)."""
+        times = [(at - now).total_seconds() for _key, at in self._next_steps()]
+        return max(0.0, min([interval, *times]))
 
     async def wait(self, timeout: float) -> None:
         """Until something changes or `timeout` seconds pass."""
@@ -156,9 +179,22 @@ class JobBook:
         self.changed.clear()
 
 
+def refresh_slot(key: JobKey, interval: float, now: datetime) -> datetime:
+    """The job's next status refresh: the next moment after `now` in the job's own slot of
+    the interval, a fixed offset from its name's hash. Jobs created together are then still
+    refreshed (and their drivers polled) spread over the interval, not all at once."""
+    offset = zlib.crc32("/".join(key).encode()) / 2**32 * interval
+    start = now.timestamp()
+    slot = offset + (math.floor((start - offset) / interval) + 1) * interval
+    if slot - start < 1e-3:  # `now` is this slot, give or take float rounding
+        slot += interval
+    return datetime.fromtimestamp(slot, UTC)
+
+
 @dataclass(frozen=True)
 class SupervisorSettings:
     interval_seconds: float = 5.0  # status refresh and driver API poll period
+    concurrency: int = 16  # supervision steps (API calls, driver polls) in flight at once
     poll_timeout_seconds: float = 2.0
     driver_host: resources.DriverHost = "service"
     api_server: str = resources.DEFAULT_API_SERVER  # the drivers' Spark master
@@ -215,6 +251,7 @@ class Supervisor:
         self.book = book
         self.kube = kube
         self.settings = settings
+        self._slots = asyncio.Semaphore(settings.concurrency)
 
     async def run_forever(self) -> None:
         async with aiohttp.ClientSession() as http:
@@ -224,9 +261,10 @@ class Supervisor:
                 await self.step_all(http)
 
     async def step_all(self, http: aiohttp.ClientSession) -> None:
-        keys = list(self.book.jobs)
+        """Step the jobs that changed or whose time came, `concurrency` at a time."""
+        keys = self.book.take_due(datetime.now(UTC))
         results = await asyncio.gather(
-            *(self.step(key, http) for key in keys), return_exceptions=True
+            *(self._bounded_step(key, http) for key in keys), return_exceptions=True
         )
         for key, result in zip(keys, results, strict=True):
             if isinstance(result, Exception):
@@ -236,6 +274,10 @@ class Supervisor:
             memory.current_status().phase for memory in self.book.jobs.values() if memory.body
         )
 
+    async def _bounded_step(self, key: JobKey, http: aiohttp.ClientSession) -> None:
+        async with self._slots:
+            await self.step(key, http)
+
     async def step(self, key: JobKey, http: aiohttp.ClientSession) -> None:
         memory = self.book.jobs.get(key)
         if memory is None or memory.body is None or not memory.set_up:
@@ -244,6 +286,7 @@ class Supervisor:
             return  # the deletion handler owns a job's last moments
         metrics.RECONCILIATIONS.labels("supervise").inc()
         memory.wake_at = None  # a failing step retries on the next tick, not in a tight loop
+        memory.refresh_at = refresh_slot(key, self.settings.interval_seconds, datetime.now(UTC))
         owner = owner_of(memory.body)
         job, problems = parse(memory.body)
         vanished, memory.vanished = memory.vanished, None

@@ -123,6 +123,7 @@ def test_cluster_role_is_what_the_operator_needs():
     assert ("dstream.dev", "streamingjobs/status", "patch") in rules
     assert ("", "events", "create") in rules
     assert ("rbac.authorization.k8s.io", "roles", "create") in rules
+    assert ("policy", "poddisruptionbudgets", "delete") in rules
     assert not [r for r in rules if "*" in r]
     assert not [r for r in rules if r[1] in ("secrets", "nodes", "clusterroles")]
     # Kubernetes lets the operator grant a driver only what it holds itself.
