@@ -52,7 +52,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     # received, and an operator watching every namespace would stream every pod in the cluster.
     settings.watching.label_selectors["", "v1", "pods"] = POD_SELECTOR
     policy = await memo.kube.first_served(resources.POLICY_VERSIONS, "poddisruptionbudgets")
-    memo.supervision = dataclasses.replace(memo.supervision, policy_version=policy)
+    platform = dataclasses.replace(memo.supervision.platform, policy_version=policy)
+    memo.supervision = dataclasses.replace(memo.supervision, platform=platform)
     memo.book = JobBook()
     supervisor = Supervisor(memo.book, memo.kube, memo.supervision)
     memo.supervisor_task = asyncio.create_task(supervisor.run_forever(), name="supervisor")
@@ -82,15 +83,14 @@ async def set_up(
     if job is None:
         logger.warning("invalid spec, nothing set up: %s", "; ".join(problems))
     else:
-        policy = memo.supervision.policy_version
-        for child in resources.children(job, owner_of(dict(body)), policy):
+        for child in resources.children(job, owner_of(dict(body)), memo.supervision.platform):
             await memo.kube.apply(child)
         kopf.event(
             body,
             type="Normal",
             reason="SetUp",
-            message="ServiceAccount, Role, RoleBinding, ConfigMap, Service and "
-            "PodDisruptionBudgets in place",
+            message="ServiceAccount, Role, RoleBinding, ConfigMap, Service, "
+            "PodDisruptionBudgets and the UI Ingress (if configured) in place",
         )
         patch.status["observedGeneration"] = meta.get("generation")
     memo.book.mark_set_up(key)
@@ -117,7 +117,8 @@ async def spec_changed(
         return
     owner = owner_of(dict(body))
     await memo.kube.apply(resources.config_map(job, owner))
-    await sync_disruption_budgets(memo.kube, job, owner, memo.supervision.policy_version)
+    policy = memo.supervision.platform.policy_version
+    await sync_disruption_budgets(memo.kube, job, owner, policy)
     changed = resources.restart_fields(dict(old or {}), dict(new or {}))
     if memo.book.reset_failure(key):
         kopf.event(

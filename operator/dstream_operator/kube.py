@@ -24,6 +24,7 @@ PLURALS = {
     "StreamingJob": "streamingjobs",
     "Event": "events",
     "PodDisruptionBudget": "poddisruptionbudgets",
+    "Ingress": "ingresses",
 }
 RETRY_AFTER_ATTEMPTS = 5  # answers with Retry-After honoured per request, as client-go does
 RETRY_AFTER_MAX_S = 10.0

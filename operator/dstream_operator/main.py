@@ -4,6 +4,7 @@ dstream-operator --namespace jobs [--namespace more] | --all-namespaces
                  [--liveness http://0.0.0.0:8081/healthz] [--metrics-port 8080]
                  [--peering dstream | --standalone] [--driver-host service|pod-ip]
                  [--api-server URL] [--poll-seconds S] [--concurrency N]
+                 [--ui-ingress-host HOST [--ui-ingress-class C] [--ui-ingress-annotation K=V]]
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import prometheus_client
 from dstream_operator import handlers  # noqa: F401  (importing registers the kopf handlers)
 from dstream_operator.kube import Kube, configuration_from_environment
 from dstream_operator.peering import peering_problem
-from dstream_operator.resources import DEFAULT_API_SERVER
+from dstream_operator.resources import DEFAULT_API_SERVER, Platform, UiIngress
 from dstream_operator.supervisor import SupervisorSettings
 
 PEERING_HELP = """\
@@ -29,6 +30,19 @@ prints the commands that create them. Namespace patterns ('team-*') are not chec
 object in each namespace they match. --standalone needs neither, but nothing then stops a second
 operator from acting on the same jobs.
 """
+
+
+def annotation(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def ui_ingress(args: argparse.Namespace) -> UiIngress | None:
+    if not args.ui_ingress_host:
+        return None
+    return UiIngress(args.ui_ingress_host, args.ui_ingress_class, tuple(args.ui_ingress_annotation))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -99,6 +113,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=16,
         help="supervision steps (API calls, driver polls) in flight at once",
     )
+    parser.add_argument(
+        "--ui-ingress-host",
+        metavar="HOST",
+        help="give every job an Ingress to its Spark UI at this host; {job} and {namespace} "
+        "are replaced, e.g. '{job}.{namespace}.spark.example.com' (default: no Ingress)",
+    )
+    parser.add_argument(
+        "--ui-ingress-class", metavar="CLASS", help="the UI Ingresses' ingressClassName"
+    )
+    parser.add_argument(
+        "--ui-ingress-annotation",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        type=annotation,
+        help="an annotation of the UI Ingresses (repeatable)",
+    )
     parser.add_argument("--verbose", "-v", action="store_true")
     return parser.parse_args(argv)
 
@@ -120,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         supervision=SupervisorSettings(
             interval_seconds=args.poll_seconds,
             concurrency=args.concurrency,
+            platform=Platform(ui_ingress=ui_ingress(args)),
             driver_host=args.driver_host,
             api_server=args.api_server,
         ),

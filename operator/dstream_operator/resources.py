@@ -261,15 +261,60 @@ def disruption_budget(
     }
 
 
-def children(job: StreamingJob, owner: Owner, policy_version: str) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class UiIngress:
+    """An Ingress per job for its Spark UI, at a host of its own (the UI serves from `/`)."""
+
+    host: str  # may hold {job} and {namespace}
+    class_name: str | None = None
+    annotations: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What shapes a job's objects beyond its spec: the cluster's API versions and the
+    operator's own configuration."""
+
+    policy_version: str = POLICY_VERSIONS[0]
+    ui_ingress: UiIngress | None = None
+
+
+def ui_ingress(owner: Owner, settings: UiIngress) -> dict[str, Any]:
+    """networking.k8s.io/v1 (served from Kubernetes 1.19) to the driver Service's UI port."""
+    metadata = _metadata(service_name(owner.name), owner, "driver")
+    if settings.annotations:
+        metadata["annotations"] = dict(settings.annotations)
+    backend = {"service": {"name": service_name(owner.name), "port": {"number": UI_PORT}}}
+    spec: dict[str, Any] = {
+        "rules": [
+            {
+                "host": settings.host.format(job=owner.name, namespace=owner.namespace),
+                "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]},
+            }
+        ]
+    }
+    if settings.class_name:
+        spec["ingressClassName"] = settings.class_name
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": metadata,
+        "spec": spec,
+    }
+
+
+def children(job: StreamingJob, owner: Owner, platform: Platform) -> list[dict[str, Any]]:
     """Everything but the driver pod, in creation order (RBAC before what needs it)."""
+    budgets = (disruption_budget(job, owner, r, platform.policy_version) for r in DISRUPTED_ROLES)
+    ingress = [ui_ingress(owner, platform.ui_ingress)] if platform.ui_ingress else []
     return [
         service_account(owner),
         role(owner),
         role_binding(job, owner),
         config_map(job, owner),
         service(owner),
-        *filter(None, (disruption_budget(job, owner, r, policy_version) for r in DISRUPTED_ROLES)),
+        *filter(None, budgets),
+        *ingress,
     ]
 
 

@@ -198,7 +198,7 @@ class SupervisorSettings:
     poll_timeout_seconds: float = 2.0
     driver_host: resources.DriverHost = "service"
     api_server: str = resources.DEFAULT_API_SERVER  # the drivers' Spark master
-    policy_version: str = resources.POLICY_VERSIONS[0]  # of PodDisruptionBudgets; see start()
+    platform: resources.Platform = resources.Platform()  # its policy version: see start()
 
 
 def owner_of(body: dict[str, Any]) -> resources.Owner:
@@ -348,8 +348,8 @@ class Supervisor:
             await stop_driver(self.kube, owner, step.stop_driver)
             memory.mark_stopped(driver, step.stop_driver)
         if step.create_driver and job is not None:
-            policy = self.settings.policy_version
-            for child in resources.children(job, owner, policy):  # the driver pod needs them
+            platform = self.settings.platform
+            for child in resources.children(job, owner, platform):  # the driver pod needs them
                 await self.kube.apply(child)
             pod = resources.driver_pod(
                 job, owner, self.settings.driver_host, self.settings.api_server

@@ -23,6 +23,14 @@ EVERYTHING_ON = {
     "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
     "grafanaDashboard": {"enabled": True},
     "peering": {"enabled": False, "name": "dstream"},
+    "sparkUI": {
+        "ingress": {
+            "enabled": True,
+            "host": "{job}.{namespace}.ui.example.com",
+            "className": "nginx",
+            "annotations": {"nginx.ingress.kubernetes.io/auth-type": "basic"},
+        }
+    },
 }
 
 
@@ -175,6 +183,7 @@ BAD_VALUES = [
     ({"operator": {"apiServer": "kubernetes.default.svc"}}, "apiServer"),
     ({"metrics": {"port": 8080, "serviceMonitor": {"interval": "often"}}}, "interval"),
     ({"resources": {"limits": {"memory": "lots"}}}, "memory"),
+    ({"sparkUI": {"ingress": {"enabled": True, "host": ""}}}, "host"),
 ]
 
 
@@ -189,3 +198,19 @@ def test_schema_rejects_bad_values_naming_them(values, field):
     with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError) as error:
         chart.validate_schema(values)
     assert field in str(error.value)
+
+
+def test_the_spark_ui_ingress_is_off_by_default_and_passed_to_the_operator_when_on():
+    def args(values):
+        return one(render(values), "Deployment")["spec"]["template"]["spec"]["containers"][0][
+            "args"
+        ]
+
+    assert not [a for a in args({}) if a.startswith("--ui-ingress")]
+    assert [a for a in args(EVERYTHING_ON) if a.startswith("--ui-ingress")] == [
+        "--ui-ingress-host={job}.{namespace}.ui.example.com",
+        "--ui-ingress-class=nginx",
+        "--ui-ingress-annotation=nginx.ingress.kubernetes.io/auth-type=basic",
+    ]
+    rules = granted(one(render(), "ClusterRole")["rules"])
+    assert ("networking.k8s.io", "ingresses", "create") in rules

@@ -10,7 +10,8 @@ import pytest
 import yaml
 from dstream.spec import parse_job
 from dstream_operator import resources
-from dstream_operator.resources import Owner
+from dstream_operator.main import parse_args, ui_ingress
+from dstream_operator.resources import Owner, Platform
 
 OWNER = Owner("wc", "jobs", "uid-1")
 
@@ -38,7 +39,7 @@ def conf_of(pod) -> dict[str, str]:
 
 
 def test_children_are_owned_labelled_and_ordered():
-    kinds = [c["kind"] for c in resources.children(job(), OWNER, "policy/v1")]
+    kinds = [c["kind"] for c in resources.children(job(), OWNER, Platform())]
     assert kinds == [
         "ServiceAccount",
         "Role",
@@ -48,7 +49,7 @@ def test_children_are_owned_labelled_and_ordered():
         "PodDisruptionBudget",
         "PodDisruptionBudget",
     ]
-    for child in resources.children(job(), OWNER, "policy/v1"):
+    for child in resources.children(job(), OWNER, Platform()):
         meta = child["metadata"]
         assert meta["namespace"] == "jobs"
         assert meta["labels"]["dstream.dev/job"] == "wc"
@@ -249,7 +250,7 @@ def test_every_object_is_valid_kubernetes():
     volumes = [{"name": "d", "mountPath": "/data", "persistentVolumeClaim": {"claimName": "d"}}]
     full = job(checkpoint={"path": "/data/ckpt"}, volumes=volumes, sparkConf={"a": "b"})
     objects = [
-        *resources.children(full, OWNER, "policy/v1"),
+        *resources.children(full, OWNER, Platform()),
         resources.driver_pod(full, OWNER, "service"),
         resources.cleanup_pod(full, OWNER, "/data/ckpt"),
         resources.event(OWNER, "Normal", "DriverCreated", "ok", datetime(2026, 1, 1, tzinfo=UTC)),
@@ -344,3 +345,28 @@ def test_disruption_budgets_let_one_driver_and_one_executor_go_at_a_time(policy_
     )
     off = job(driver={"disruptionBudget": {"enabled": False}})
     assert resources.disruption_budget(off, OWNER, "driver", policy_version) is None
+
+
+def test_the_spark_ui_gets_an_ingress_only_when_the_operator_is_told_a_host():
+    assert "Ingress" not in [c["kind"] for c in resources.children(job(), OWNER, Platform())]
+    settings = resources.UiIngress("{job}.{namespace}.ui.example.com", "nginx", (("a", "b"),))
+    (ingress,) = [
+        c
+        for c in resources.children(job(), OWNER, Platform(ui_ingress=settings))
+        if c["kind"] == "Ingress"
+    ]
+    (rule,) = ingress["spec"]["rules"]
+    assert rule["host"] == "wc.jobs.ui.example.com"
+    (route,) = rule["http"]["paths"]
+    assert route["backend"]["service"] == {"name": "wc-driver", "port": {"number": 4040}}
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["metadata"]["annotations"] == {"a": "b"}
+    kubernetes_validate.validate(ingress, "1.30", strict=True)
+
+
+def test_ui_ingress_options():
+    args = parse_args(["-A", "--ui-ingress-host", "{job}.x", "--ui-ingress-annotation", "k=v=w"])
+    assert ui_ingress(args) == resources.UiIngress("{job}.x", None, (("k", "v=w"),))
+    assert ui_ingress(parse_args(["-A"])) is None
+    with pytest.raises(SystemExit):
+        parse_args(["-A", "--ui-ingress-annotation", "novalue"])
