@@ -379,10 +379,18 @@ class Volume(SpecModel):
 
 
 class RestartPolicy(SpecModel):
+    """Replacing a lost driver: the first restart at once, then backoff (doubled, capped)."""
+
     type: Literal["Always", "OnFailure", "Never"] = "Always"
     max_restarts: int = Field(10, ge=0)
     backoff_seconds: int = Field(10, ge=1)
     max_backoff_seconds: int = Field(300, ge=1)
+    reset_after_seconds: int = Field(
+        600,
+        ge=0,
+        description="A driver ready this long resets the restart count (and so the backoff); "
+        "0: never.",
+    )
 
 
 class FailurePolicy(SpecModel):

@@ -151,9 +151,10 @@ def _handle_termination(seen: Observation, job: StreamingJob, step: Plan) -> Non
         step.events.append(Event("Warning", "JobFailed", decision.reason))
         return
     policy = job.spec.restart_policy
+    when = f"in {decision.delay_seconds}s" if decision.delay_seconds else "now"
     message = (
         f"{ended.reason}; restart {decision.attempt}/{policy.max_restarts} "
-        f"in {decision.delay_seconds}s from the checkpoint"
+        f"{when} from the checkpoint"
     )
     step.status = with_phase(step.status, "Recovering", message, seen.now).model_copy(
         update={
@@ -163,6 +164,23 @@ def _handle_termination(seen: Observation, job: StreamingJob, step: Plan) -> Non
     )
     step.restarted = True
     step.events.append(Event("Warning", "DriverLost", message))
+
+
+def _reset_after_stable_run(seen: Observation, step: Plan) -> None:
+    """A driver ready for `resetAfterSeconds` has recovered: the next loss is a first one
+    again (restarted at once, with a full restart budget)."""
+    policy = seen.job.spec.restart_policy if seen.job else None
+    ready = next((c for c in step.status.conditions if c.type == "DriverReady"), None)
+    ready_since = ready.last_transition_time if ready and ready.status == "True" else None
+    if not step.status.restarts or policy is None:
+        return
+    if restarts.stable_since(policy, ready_since, seen.now):
+        message = (
+            f"the driver has been ready for {policy.reset_after_seconds}s: "
+            f"restart count {step.status.restarts} reset"
+        )
+        step.status = step.status.model_copy(update={"restarts": 0})
+        step.events.append(Event("Normal", "RestartCountReset", message))
 
 
 def _suspend(seen: Observation, step: Plan) -> None:
@@ -190,6 +208,7 @@ def _run(seen: Observation, step: Plan) -> None:
             return
         phase = running_phase(driver, status.restarts, seen.report)
         step.status = with_phase(status, phase, None, seen.now)
+        _reset_after_stable_run(seen, step)
         return
     if driver is not None:
         return  # the old driver is still going away
@@ -200,7 +219,8 @@ def _run(seen: Observation, step: Plan) -> None:
         return
     step.create_driver = True
     phase = "Recovering" if status.restarts else "Starting"
-    step.status = with_phase(status, phase, None, seen.now).model_copy(
+    message = status.message if phase == "Recovering" else None  # why it is recovering
+    step.status = with_phase(status, phase, message, seen.now).model_copy(
         update={"next_restart_time": None}
     )
     reason = "DriverRestarted" if due is not None else "DriverCreated"

@@ -130,7 +130,8 @@ async def test_deleted_driver_is_replaced_and_counted(operator):
     await wait_for(lambda: current(operator, PODS, "wc-driver"))
     await operator.delete(path(PODS, "wc-driver"))
     await wait_for(lambda: status_of(operator).get("restarts") == 1)
-    assert "was deleted" in status_of(operator)["message"]
+    (lost,) = [m for _, reason, m in events(operator) if reason == "DriverLost"]
+    assert "was deleted" in lost and "restart 1/2 now" in lost  # the first restart: at once
     await wait_for(lambda: current(operator, PODS, "wc-driver"))
 
 
@@ -232,3 +233,19 @@ async def test_pods_are_filtered_by_label_on_the_api_server(operator):
         assert request.url.query.get("labelSelector") == (
             "dstream.dev/job,dstream.dev/role in (driver,executor)"
         )
+
+
+async def test_a_stable_run_resets_the_restart_count(operator):
+    policy = {"type": "Always", "maxRestarts": 2, "backoffSeconds": 1, "resetAfterSeconds": 1}
+    await create(operator, job_manifest(restartPolicy=policy))
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await set_pod_status(operator, "wc-driver", "Failed", terminated={"exitCode": 1})
+    await wait_for(lambda: status_of(operator).get("restarts") == 1)
+    await wait_for(lambda: current(operator, PODS, "wc-driver") is None)
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await set_pod_status(operator, "wc-driver", "Running", ready=True)
+    await wait_for(lambda: status_of(operator).get("restarts") == 0)
+    ready = next(c for c in status_of(operator)["conditions"] if c["type"] == "DriverReady")
+    assert ready["status"] == "True"
+    (reset,) = [m for _, reason, m in events(operator) if reason == "RestartCountReset"]
+    assert "ready for 1s" in reset
