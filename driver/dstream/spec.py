@@ -393,6 +393,18 @@ class RestartPolicy(SpecModel):
     )
 
 
+class Upgrade(SpecModel):
+    """What the operator does when a changed spec's driver keeps failing (Kubernetes)."""
+
+    rollback_on_failure: bool = Field(
+        True,
+        description="Run the last spec that committed a batch again when a changed spec's "
+        "driver fails rollbackAfterFailures times before committing its first batch; the "
+        "checkpoint is kept.",
+    )
+    rollback_after_failures: int = Field(2, ge=1)
+
+
 class FailurePolicy(SpecModel):
     """A failed batch output: retried, then the driver stops uncommitted (failure.py)."""
 
@@ -423,6 +435,7 @@ class JobSpec(SpecModel):
     volumes: list[Volume] = Field(default_factory=list)
     spark_conf: dict[str, str] = Field(default_factory=dict)
     restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
+    upgrade: Upgrade = Field(default_factory=Upgrade)
     suspend: bool = False
 
     @property

@@ -363,7 +363,7 @@ def pod_memory_mib(spark_memory: str) -> int:
 
 
 # Spec fields only the operator reads: changing them never restarts the driver.
-OPERATOR_ONLY_FIELDS = ("suspend", "restartPolicy")
+OPERATOR_ONLY_FIELDS = ("suspend", "restartPolicy", "upgrade")
 
 
 # Fields inside a block that only the operator reads.

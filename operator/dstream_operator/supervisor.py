@@ -348,6 +348,7 @@ class Supervisor:
             await stop_driver(self.kube, owner, step.stop_driver)
             memory.mark_stopped(driver, step.stop_driver)
         if step.create_driver and job is not None:
+            job = step.run_job or job  # the spec, or the one a rollback returned to
             platform = self.settings.platform
             for child in resources.children(job, owner, platform):  # the driver pod needs them
                 await self.kube.apply(child)

@@ -249,3 +249,52 @@ async def test_a_stable_run_resets_the_restart_count(operator):
     assert ready["status"] == "True"
     (reset,) = [m for _, reason, m in events(operator) if reason == "RestartCountReset"]
     assert "ready for 1s" in reset
+
+
+def spec_hash_of(pod: dict | None) -> str | None:
+    return pod and pod["metadata"]["annotations"]["dstream.dev/spec-hash"]
+
+
+def fresh_driver(cluster, spec_hash, same: bool):
+    """The driver pod if it runs (or would run) a spec of that hash, or of another one."""
+    pod = current(cluster, PODS, "wc-driver")
+    phase = ((pod or {}).get("status") or {}).get("phase")
+    return pod if pod and phase != "Failed" and (spec_hash_of(pod) == spec_hash) == same else None
+
+
+async def test_a_changed_spec_that_never_commits_is_rolled_back(operator, driver_api):
+    """The first spec commits a batch (the driver API reports one) and becomes the stable
+    spec; a changed spec whose driver fails twice before any batch is rolled back: the next
+    driver runs the first spec again, from the same ConfigMap and checkpoint."""
+    driver_api["lastBatch"] = {"time": "2026-01-02T03:04:05+00:00", "records": 100}
+    await create(operator, job_manifest())
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await set_pod_status(operator, "wc-driver", "Running", ready=True)
+    stable = await wait_for(lambda: status_of(operator).get("stableSpecHash"))
+    assert spec_hash_of(current(operator, PODS, "wc-driver")) == stable
+
+    driver_api["lastBatch"] = None  # the new spec's drivers never get that far
+    await operator.patch(path(JOBS, "wc"), json={"spec": {"batchInterval": "2s"}})
+    for failures in (1, 2):
+        await wait_for(lambda: fresh_driver(operator, stable, same=False))
+        await set_pod_status(operator, "wc-driver", "Failed", terminated={"exitCode": 1})
+        if failures == 1:
+            await wait_for(lambda: status_of(operator).get("upgradeFailures") == 1)
+    status = await wait_for(
+        lambda: status_of(operator).get("rolledBackFrom") and status_of(operator)
+    )
+    assert status["rolledBackFrom"] != stable and status["stableSpecHash"] == stable
+    (rolled,) = [m for _, reason, m in events(operator) if reason == "RolledBack"]
+    assert "failed 2 times before committing a batch" in rolled
+    await wait_for(lambda: fresh_driver(operator, stable, same=True))
+    assert "batchInterval: 1s" in current(operator, "v1/configmaps", "wc-job")["data"]["job.yaml"]
+    assert current(operator, JOBS, "wc")["spec"]["batchInterval"] == "2s"  # the user's, kept
+    await set_pod_status(operator, "wc-driver", "Running", ready=True)
+    running = await wait_for(
+        lambda: status_of(operator).get("phase") == "Running" and status_of(operator)
+    )
+    assert running["message"].startswith("rolled back")
+
+    await operator.patch(path(JOBS, "wc"), json={"spec": {"batchInterval": "3s"}})
+    await wait_for(lambda: fresh_driver(operator, stable, same=False))  # a new spec's chance
+    assert "rolledBackFrom" not in status_of(operator)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import yaml
 from dstream.spec import RestartPolicy, parse_job
 from dstream_operator import reconcile, restarts, status
 from dstream_operator.main import parse_args
@@ -146,7 +147,7 @@ def seen(spec_job=None, driver=None, vanished=None, current=None, **kw) -> recon
         driver=driver,
         vanished=vanished,
         executors_ready=0,
-        report=None,
+        report=kw.pop("report", None),
         spec_hash=spec_hash(spec_job),
         now=NOW,
         **kw,
@@ -322,3 +323,42 @@ def test_the_restart_count_resets_after_a_stable_run():
     assert reconcile.plan(seen(spec_job, driver=driver, current=not_ready)).status.restarts == 3
     never = job(restartPolicy={"resetAfterSeconds": 0})
     assert not restarts.stable_since(never.spec.restart_policy, NOW - timedelta(days=9), NOW)
+
+
+def test_rollback_needs_a_stable_spec_and_can_be_turned_off():
+    changed = job(batchInterval="2s")
+    failed = facts(phase="Failed", spec_hash=spec_hash(changed))
+    stable_text = yaml.safe_dump(
+        job().model_dump(mode="json", by_alias=True, exclude_unset=True)["spec"]
+    )
+    stable = JobStatus(phase="Running", stable_spec=stable_text, stable_spec_hash="s1")
+    for current, spec_job, rolls_back in [
+        (JobStatus(phase="Running", upgrade_failures=1), changed, False),  # nothing proven yet
+        (stable.model_copy(update={"upgrade_failures": 1}), changed, True),
+        (
+            stable.model_copy(update={"upgrade_failures": 1}),
+            job(batchInterval="2s", upgrade={"rollbackOnFailure": False}),
+            False,
+        ),
+    ]:
+        step = reconcile.plan(seen(spec_job, driver=failed, current=current))
+        assert (step.status.rolled_back_from is not None) == rolls_back
+        assert ("RolledBack" in [e.reason for e in step.events]) == rolls_back
+
+
+def test_a_committed_batch_makes_the_spec_stable():
+    report = status.DriverReport("running", NOW, 0.1, 0.0, 0.1, None, None)
+    step = reconcile.plan(seen(driver=facts(), report=report))
+    assert step.status.stable_spec_hash == spec_hash(job())
+    assert (
+        parse_job(
+            {
+                "apiVersion": "dstream.dev/v1alpha1",
+                "kind": "StreamingJob",
+                "metadata": {"name": "wc"},
+                "spec": yaml.safe_load(step.status.stable_spec),
+            }
+        ).spec
+        == job().spec
+    )
+    assert reconcile.plan(seen(driver=facts())).status.stable_spec_hash is None  # no batch yet
