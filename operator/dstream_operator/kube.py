@@ -25,6 +25,7 @@ PLURALS = {
     "Event": "events",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "Ingress": "ingresses",
+    "Lease": "leases",
 }
 RETRY_AFTER_ATTEMPTS = 5  # answers with Retry-After honoured per request, as client-go does
 RETRY_AFTER_MAX_S = 10.0

@@ -82,8 +82,25 @@ def test_crds_are_valid_and_the_same_as_the_repository_crds():
     ]
 
 
-def test_operator_deployment_is_single_recreate_and_hardened():
-    deployment = one(render(), "Deployment")
+PEERING = {"leaderElection": {"enabled": False, "leaseSeconds": 15}, "peering": {"enabled": True}}
+
+
+def test_two_operators_elect_a_leader_through_a_lease_by_default():
+    objects = render()
+    spec = one(objects, "Deployment")["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"]["type"] == "RollingUpdate"
+    args = spec["template"]["spec"]["containers"][0]["args"]
+    assert "--lease=dstream-system/dstream" in args and "--lease-seconds=15" in args
+    assert not [a for a in args if a.startswith(("--peering", "--standalone"))]
+    assert not [o for o in objects if "KopfPeering" in o["kind"]]
+    rules = granted(one(objects, "ClusterRole")["rules"])
+    assert ("coordination.k8s.io", "leases", "patch") in rules
+    assert not [r for r in rules if r[0] == "kopf.dev"]
+
+
+def test_operator_deployment_without_leader_election_is_single_recreate_and_hardened():
+    deployment = one(render(PEERING | {"replicas": 3}), "Deployment")
     spec = deployment["spec"]
     assert spec["replicas"] == 1
     assert spec["strategy"] == {"type": "Recreate"}
@@ -101,7 +118,7 @@ def test_operator_deployment_is_single_recreate_and_hardened():
 
 
 def test_watch_namespaces_and_standalone():
-    objects = render(EVERYTHING_ON)
+    objects = render(EVERYTHING_ON | {"leaderElection": {"enabled": False, "leaseSeconds": 15}})
     args = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=streams" in args and "--namespace=more-streams" in args
     assert "--all-namespaces" not in args and "--standalone" in args
@@ -109,10 +126,10 @@ def test_watch_namespaces_and_standalone():
 
 
 def test_peering_objects_follow_the_watched_namespaces():
-    objects = render({"watchNamespaces": ["streams"]})
+    objects = render({"watchNamespaces": ["streams"]} | PEERING)
     (peering,) = [o for o in objects if "KopfPeering" in o["kind"]]
     assert (peering["kind"], peering["metadata"]["namespace"]) == ("KopfPeering", "streams")
-    assert one(render(), "ClusterKopfPeering")["metadata"]["name"] == "dstream"
+    assert one(render(PEERING), "ClusterKopfPeering")["metadata"]["name"] == "dstream"
 
 
 def granted(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -177,7 +194,8 @@ BAD_VALUES = [
     ({"image": {"repository": "d", "pullPolicy": "Sometimes"}}, "pullPolicy"),
     ({"watchNamespaces": "streams"}, "watchNamespaces"),
     ({"watchNamespaces": ["Not_A_Namespace"]}, "watchNamespaces"),
-    ({"replicas": 2}, "replicas"),
+    ({"replicas": 0}, "replicas"),
+    ({"leaderElection": {"enabled": True, "leaseSeconds": 1}}, "leaseSeconds"),
     ({"metrics": {"port": 0}}, "port"),
     ({"operator": {"driverHost": "ip"}}, "driverHost"),
     ({"operator": {"apiServer": "kubernetes.default.svc"}}, "apiServer"),

@@ -3,8 +3,8 @@
 Watches, schema validation, ownerReferences, garbage collection, graceful pod deletion, RBAC and
 the status subresource behave differently for real than in kmock; these tests run the operator
 against the local Kubernetes 1.20 control plane (e2e/cluster/local.sh) as `helm install` would:
-the chart's CRDs, its ServiceAccount with its ClusterRole, its KopfPeering object, and the
-arguments of its Deployment (only the process runs on this machine instead of in a pod).
+the chart's CRDs, its ServiceAccount with its ClusterRole, and the arguments of its Deployment
+(a Lease elects the leader; only the process runs on this machine instead of in a pod).
 
 What the hollow node (kubemark) does to a driver pod, and so what the tests can see:
 - The pod is scheduled and reaches Running, but nothing executes: the readiness probe on the
@@ -120,8 +120,8 @@ class OperatorProcess:
             time.sleep(POLL_SECONDS)
 
     def stop(self) -> None:
-        """SIGTERM, so that kopf leaves the peering object cleanly (a killed operator's entry
-        would pause its successor until the entry expires); SIGKILL only if it hangs."""
+        """SIGTERM, so that the operator releases its Lease (a killed operator's Lease holds
+        its successor back until it expires); SIGKILL only if it hangs."""
         if self.process is None:
             return
         if self.process.poll() is None:
@@ -353,19 +353,6 @@ def render_chart(release: str, namespace: str) -> dict[str, dict[str, Any]]:
     return {document["kind"]: document for document in documents}
 
 
-def _create_when_served(create: Callable[[], Any]) -> None:
-    """A CRD's resource is served a moment after it is Established: retry 404s."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while True:
-        try:
-            create()
-            return
-        except ApiException as error:
-            if error.status != 404 or time.monotonic() > deadline:
-                raise
-            time.sleep(POLL_SECONDS)
-
-
 def _service_account_token(core: client.CoreV1Api, namespace: str, name: str) -> str:
     """Kubernetes 1.20 puts a ServiceAccount's token in a Secret it creates shortly after."""
     deadline = time.monotonic() + WAIT_SECONDS
@@ -380,13 +367,12 @@ def _service_account_token(core: client.CoreV1Api, namespace: str, name: str) ->
 def chart_release(
     k8s_cluster: LocalCluster, namespace: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Release]:
-    """The chart's ServiceAccount, ClusterRole, ClusterRoleBinding and KopfPeering (a namespaced
-    operator with peering stays paused until that object exists); the cluster-wide ones are
-    named after the namespace and deleted afterwards."""
+    """The chart's ServiceAccount, ClusterRole and ClusterRoleBinding; the cluster-wide ones
+    are named after the namespace and deleted afterwards. The operator runs with the chart's
+    arguments, so it elects itself leader through a Lease in the namespace."""
     objects = render_chart(release=namespace, namespace=namespace)
     core = k8s_cluster.core
     rbac = client.RbacAuthorizationV1Api(k8s_cluster.api_client)
-    custom = client.CustomObjectsApi(k8s_cluster.api_client)
     account, role, binding = (
         objects["ServiceAccount"],
         objects["ClusterRole"],
@@ -395,12 +381,7 @@ def chart_release(
     core.create_namespaced_service_account(namespace, account)
     rbac.create_cluster_role(role)
     rbac.create_cluster_role_binding(binding)
-    peering = objects["KopfPeering"]
-    _create_when_served(
-        lambda: custom.create_namespaced_custom_object(
-            "kopf.dev", "v1", namespace, "kopfpeerings", peering
-        )
-    )
+    assert "KopfPeering" not in objects  # the chart elects a leader through a Lease instead
     try:
         token = _service_account_token(core, namespace, account["metadata"]["name"])
         kubeconfig = yaml.safe_load(k8s_cluster.kubeconfig.read_text())
