@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from datetime import UTC, datetime
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -215,3 +216,19 @@ def test_a_driver_created_over_a_template_warns_what_was_ignored():
     (warning,) = [e for e in step.events if e.type == "Warning"]
     assert warning.reason == "PodTemplateOverridden"
     assert "driver pod spec.containers[driver].command" in warning.message
+
+
+def test_the_pod_templates_example_places_both_roles_and_adds_a_sidecar():
+    from dstream.spec import load_job
+
+    example = load_job(Path(__file__).resolve().parents[2] / "examples" / "pod-templates.yaml")
+    owner = resources.Owner(example.metadata.name, "analytics", "uid-1")
+    pod = resources.driver_pod(example, owner, "service")
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["driver", "log-shipper"]
+    assert pod["spec"]["nodeSelector"] == {"pool": "streaming"}
+    assert pod["spec"]["serviceAccountName"] == "wordcount-reader"
+    kubernetes_validate.validate(pod, "1.30", strict=True)
+    template = resources.executor_pod_template(example)
+    assert "podAntiAffinity" in template["spec"]["affinity"]
+    assert template["spec"]["priorityClassName"] == "streaming-high"
+    assert resources.template_overrides(example, owner, "service") == []
