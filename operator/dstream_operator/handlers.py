@@ -25,6 +25,7 @@ from dstream_operator.status import pod_facts
 from dstream_operator.supervisor import (
     JobBook,
     Supervisor,
+    apply_children,
     owner_of,
     parse,
     stop_driver,
@@ -83,8 +84,8 @@ async def set_up(
     if job is None:
         logger.warning("invalid spec, nothing set up: %s", "; ".join(problems))
     else:
-        for child in resources.children(job, owner_of(dict(body)), memo.supervision.platform):
-            await memo.kube.apply(child)
+        owner = owner_of(dict(body))
+        await apply_children(memo.kube, resources.children(job, owner, memo.supervision.platform))
         kopf.event(
             body,
             type="Normal",
@@ -93,7 +94,7 @@ async def set_up(
             "PodDisruptionBudgets and the UI Ingress (if configured) in place",
         )
         patch.status["observedGeneration"] = meta.get("generation")
-    memo.book.mark_set_up(key)
+    memo.book.mark_set_up(key, resources.spec_hash(job) if job else None)
 
 
 @kopf.on.update(*JOBS, field="spec")

@@ -304,7 +304,7 @@ def ui_ingress(owner: Owner, settings: UiIngress) -> dict[str, Any]:
 
 
 def children(job: StreamingJob, owner: Owner, platform: Platform) -> list[dict[str, Any]]:
-    """Everything but the driver pod, in creation order (RBAC before what needs it)."""
+    """Everything but the driver pod (see `supervisor.apply_children` for the order)."""
     budgets = (disruption_budget(job, owner, r, platform.policy_version) for r in DISRUPTED_ROLES)
     ingress = [ui_ingress(owner, platform.ui_ingress)] if platform.ui_ingress else []
     return [

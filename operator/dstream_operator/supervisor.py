@@ -51,6 +51,7 @@ class JobMemory:
 
     body: dict[str, Any] | None = None  # the StreamingJob as last seen
     set_up: bool = False  # its ServiceAccount, Role, ConfigMap, Service exist
+    children_for: str | None = None  # the spec hash the children were last applied for
     status: JobStatus | None = None  # as the supervisor last wrote it
     driver: PodFacts | None = None
     vanished: PodFacts | None = None  # a driver pod gone since the last step
@@ -98,8 +99,10 @@ class JobBook:
             self.memory(key).body = body
         self.touch(key)
 
-    def mark_set_up(self, key: JobKey) -> None:
-        self.memory(key).set_up = True
+    def mark_set_up(self, key: JobKey, spec_hash: str | None) -> None:
+        """The job's children exist, as of this spec (None: an invalid spec, none applied)."""
+        memory = self.memory(key)
+        memory.set_up, memory.children_for = True, spec_hash
         self.touch(key)
 
     def see_driver(self, key: JobKey, pod: PodFacts, deleted: bool) -> None:
@@ -244,6 +247,14 @@ def _reject(step: Plan, message: str, now: datetime) -> None:
     step.events.append(Event("Warning", "DriverPodRejected", message))
 
 
+async def apply_children(kube: Kube, children: list[dict[str, Any]]) -> None:
+    """Apply a job's children concurrently, RoleBindings last: the API server checks a binding
+    against the Role it grants, which must exist by then."""
+    bindings = [c for c in children if c["kind"] == "RoleBinding"]
+    await asyncio.gather(*(kube.apply(c) for c in children if c["kind"] != "RoleBinding"))
+    await asyncio.gather(*(kube.apply(c) for c in bindings))
+
+
 class Supervisor:
     """Runs supervision steps for all jobs in the book (see the module docstring)."""
 
@@ -252,31 +263,46 @@ class Supervisor:
         self.kube = kube
         self.settings = settings
         self._slots = asyncio.Semaphore(settings.concurrency)
+        self._running: dict[JobKey, asyncio.Task[None]] = {}
+        self._again: set[JobKey] = set()  # changed while being stepped
 
     async def run_forever(self) -> None:
         async with aiohttp.ClientSession() as http:
             while True:
                 interval = self.settings.interval_seconds
                 await self.book.wait(self.book.seconds_to_wait(interval, datetime.now(UTC)))
-                await self.step_all(http)
+                self.start_due(http)
+
+    def start_due(self, http: aiohttp.ClientSession) -> None:
+        """Start a step for each job that changed or whose time came, without waiting for
+        other jobs' steps: a slow job (or a burst of new ones) holds up no one but itself.
+        A job is stepped once at a time; one that changes meanwhile is stepped again after."""
+        for key in self.book.take_due(datetime.now(UTC)):
+            if key in self._running:
+                self._again.add(key)
+            else:
+                self._running[key] = asyncio.create_task(self._bounded_step(key, http))
 
     async def step_all(self, http: aiohttp.ClientSession) -> None:
-        """Step the jobs that changed or whose time came, `concurrency` at a time."""
-        keys = self.book.take_due(datetime.now(UTC))
-        results = await asyncio.gather(
-            *(self._bounded_step(key, http) for key in keys), return_exceptions=True
-        )
-        for key, result in zip(keys, results, strict=True):
-            if isinstance(result, Exception):
-                metrics.ERRORS.labels("supervise").inc()
-                logger.error("supervising %s/%s failed: %r", *key, result)
+        """Step the due jobs and wait for them (what one turn of `run_forever` starts)."""
+        self.start_due(http)
+        await asyncio.gather(*self._running.values())
+
+    async def _bounded_step(self, key: JobKey, http: aiohttp.ClientSession) -> None:
+        try:
+            async with self._slots:
+                await self.step(key, http)
+        except Exception as error:  # one job's failure must not stop the others
+            metrics.ERRORS.labels("supervise").inc()
+            logger.error("supervising %s/%s failed: %r", *key, error)
+        finally:
+            del self._running[key]
+            if key in self._again:
+                self._again.discard(key)
+                self.book.touch(key)
         metrics.count_phases(
             memory.current_status().phase for memory in self.book.jobs.values() if memory.body
         )
-
-    async def _bounded_step(self, key: JobKey, http: aiohttp.ClientSession) -> None:
-        async with self._slots:
-            await self.step(key, http)
 
     async def step(self, key: JobKey, http: aiohttp.ClientSession) -> None:
         memory = self.book.jobs.get(key)
@@ -344,14 +370,14 @@ class Supervisor:
         now: datetime,
     ) -> None:
         driver = memory.driver
+        if step.restarted:
+            memory.children_for = None  # a lost driver's replacement repairs them
         if step.stop_driver and driver is not None:
             await stop_driver(self.kube, owner, step.stop_driver)
             memory.mark_stopped(driver, step.stop_driver)
         if step.create_driver and job is not None:
             job = step.run_job or job  # the spec, or the one a rollback returned to
-            platform = self.settings.platform
-            for child in resources.children(job, owner, platform):  # the driver pod needs them
-                await self.kube.apply(child)
+            await self._apply_children(memory, job, owner)
             pod = resources.driver_pod(
                 job, owner, self.settings.driver_host, self.settings.api_server
             )
@@ -369,6 +395,19 @@ class Supervisor:
             await self.kube.create(
                 resources.event(owner, event.type, event.reason, event.message, now)
             )
+
+    async def _apply_children(
+        self, memory: JobMemory, job: StreamingJob, owner: resources.Owner
+    ) -> None:
+        """The driver pod needs all of them: apply them unless they were applied for this very
+        spec since the operator started (the creation handler just did, for a new job), so a
+        burst of new jobs costs one round of writes each, not two; a restart (see `_act`) or
+        a spec change repairs them."""
+        fingerprint = resources.spec_hash(job)
+        if memory.children_for == fingerprint:
+            return
+        await apply_children(self.kube, resources.children(job, owner, self.settings.platform))
+        memory.children_for = fingerprint
 
     async def _write_status(
         self, memory: JobMemory, owner: resources.Owner, status: JobStatus
