@@ -232,3 +232,27 @@ def test_the_pod_templates_example_places_both_roles_and_adds_a_sidecar():
     assert "podAntiAffinity" in template["spec"]["affinity"]
     assert template["spec"]["priorityClassName"] == "streaming-high"
     assert resources.template_overrides(example, owner, "service") == []
+
+
+def test_spark_reads_the_executor_template_and_takes_the_executor_container(sc, tmp_path):
+    """Spark's own loader (what the driver runs with spark.kubernetes.executor.podTemplateFile)
+    parses the file the operator writes and picks the `executor` container, keeping the rest."""
+    executor = {"instances": 1, **PLACEMENT, "podTemplate": {"spec": {"containers": [SIDECAR]}}}
+    template = resources.executor_pod_template(job(executor=executor))
+    path = tmp_path / resources.EXECUTOR_TEMPLATE_KEY
+    path.write_text(yaml.safe_dump(template))
+    jvm = sc._jvm
+    kubernetes = jvm.io.fabric8.kubernetes.client.KubernetesClientBuilder().build()
+    try:
+        loaded = jvm.org.apache.spark.deploy.k8s.KubernetesUtils.loadPodFromTemplate(
+            kubernetes, str(path), jvm.scala.Option.apply("executor"), sc._jsc.sc().conf()
+        )
+    finally:
+        kubernetes.close()
+    container, pod = loaded.container(), loaded.pod()
+    assert container.getName() == "executor"
+    assert [(e.getName(), e.getValue()) for e in container.getEnv()] == [("TZ", "UTC")]
+    assert [c.getName() for c in pod.getSpec().getContainers()] == ["log-shipper"]
+    assert dict(pod.getSpec().getNodeSelector()) == {"pool": "streaming"}
+    assert pod.getSpec().getServiceAccountName() == "analytics"
+    assert [t.getKey() for t in pod.getSpec().getTolerations()] == ["dedicated"]
