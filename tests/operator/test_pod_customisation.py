@@ -120,7 +120,8 @@ def test_the_driver_template_adds_sidecars_and_cannot_change_what_the_operator_o
     assert list(containers(pod)) == ["driver", "log-shipper"]
     assert containers(pod)["log-shipper"] == SIDECAR
     driver = containers(pod)["driver"]
-    assert driver["command"] == ["python", "-m", "dstream.driver"]
+    generated = resources.driver_pod(job(), OWNER, "service")["spec"]["containers"][0]
+    assert driver["command"] == generated["command"] != ["sh"]
     assert driver["workingDir"] == "/work"
     assert pod["spec"]["initContainers"][0]["name"] == "wait"
     assert pod["spec"]["restartPolicy"] == "Never"
