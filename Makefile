@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_SECONDS ?= 30
 
-.PHONY: setup debian-packages demo test test-fast exactly-once soak lint crd e2e bench bench-quick bench-backpressure clean
+.PHONY: setup debian-packages demo test test-fast exactly-once soak lint crd e2e bench bench-quick bench-backpressure clean operator-scale
 
 setup: $(STAMP)
 
@@ -55,6 +55,14 @@ exactly-once: setup debian-packages
 soak: setup debian-packages
 	SOAK_FEEDS=files,redis SOAK_DRIVER_KILLS=20 SOAK_EXECUTOR_KILLS=20 SOAK_OUTAGE_S=20 \
 		$(BIN)/python -m pytest -s -ra tests/fault/test_soak.py
+
+# The operator at the issue's scale (docs/operator-scale.md): 200 StreamingJobs applied at once
+# on the offline control plane, changed, deleted; one, then two operator replicas (make test: 30).
+operator-scale: setup debian-packages
+	for replicas in 1 2; do \
+		DSTREAM_SCALE_JOBS=200 DSTREAM_SCALE_REPLICAS=$$replicas \
+			$(BIN)/python -m pytest -s -ra tests/k8s/test_scale.py || exit 1; \
+	done
 
 # Chaos end-to-end on the offline cluster with a real node (e2e/README.md; kind: bash e2e/kind.sh).
 e2e: setup

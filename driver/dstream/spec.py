@@ -25,6 +25,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from dstream.pod_spec import PodSettings
+
 API_VERSION = "dstream.dev/v1alpha1"
 KIND = "StreamingJob"
 
@@ -331,15 +333,31 @@ class Speculation(SpecModel):
     quantile: float = Field(0.75, gt=0, le=1)
 
 
-class Driver(SpecModel):
+class DisruptionBudget(SpecModel):
+    """A PodDisruptionBudget for the job's drivers or executors (Kubernetes): how many of them a
+    voluntary disruption, such as a node drain, may evict at a time."""
+
+    enabled: bool = True
+    max_unavailable: int = Field(
+        1, ge=0, description="0: a drain waits until the pods are moved by hand."
+    )
+
+
+class Driver(PodSettings):
+    """The driver pod: its resources and pod customisation."""
+
     cores: int = Field(1, ge=1)
     memory: Memory = "1g"
+    disruption_budget: DisruptionBudget = Field(default_factory=DisruptionBudget)
 
 
-class Executor(SpecModel):
+class Executor(PodSettings):
+    """The executor pods: count, resources and pod customisation (a Spark pod template)."""
+
     instances: int = Field(2, ge=1)
     cores: int = Field(1, ge=1)
     memory: Memory = "1g"
+    disruption_budget: DisruptionBudget = Field(default_factory=DisruptionBudget)
 
 
 class PersistentVolumeClaimRef(SpecModel):
@@ -367,10 +385,30 @@ class Volume(SpecModel):
 
 
 class RestartPolicy(SpecModel):
+    """Replacing a lost driver: the first restart at once, then backoff (doubled, capped)."""
+
     type: Literal["Always", "OnFailure", "Never"] = "Always"
     max_restarts: int = Field(10, ge=0)
     backoff_seconds: int = Field(10, ge=1)
     max_backoff_seconds: int = Field(300, ge=1)
+    reset_after_seconds: int = Field(
+        600,
+        ge=0,
+        description="A driver ready this long resets the restart count (and so the backoff); "
+        "0: never.",
+    )
+
+
+class Upgrade(SpecModel):
+    """What the operator does when a changed spec's driver keeps failing (Kubernetes)."""
+
+    rollback_on_failure: bool = Field(
+        True,
+        description="Run the last spec that committed a batch again when a changed spec's "
+        "driver fails rollbackAfterFailures times before committing its first batch; the "
+        "checkpoint is kept.",
+    )
+    rollback_after_failures: int = Field(2, ge=1)
 
 
 class FailurePolicy(SpecModel):
@@ -403,6 +441,7 @@ class JobSpec(SpecModel):
     volumes: list[Volume] = Field(default_factory=list)
     spark_conf: dict[str, str] = Field(default_factory=dict)
     restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
+    upgrade: Upgrade = Field(default_factory=Upgrade)
     suspend: bool = False
 
     @property

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "dstream"
 JOB = "wordtotals"
 RELEASE = "dstream"
-PEERING = "dstream"  # the chart's default peering.name
+LEASE = RELEASE  # the chart's leader Lease is named after its full name, here the release
 SOURCE = Input(seed=7, record_bytes=60, partitions=2)
 
 
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"applying StreamingJob {JOB}")
     cluster.apply([manifest])
     target = Target(
-        args.namespace, JOB, 2, args.batch_seconds, args.operator_namespace, RELEASE, PEERING
+        args.namespace, JOB, 2, args.batch_seconds, args.operator_namespace, RELEASE, LEASE
     )
     chaos = Chaos(cluster, observer, target)
     failure = None

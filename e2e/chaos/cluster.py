@@ -140,15 +140,13 @@ class Cluster:
             "dstream.dev", "v1alpha1", namespace, "streamingjobs", name
         )
 
-    def kopf_peers(self, namespace: str, peering: str) -> list[str]:
-        """Identities (operator pod names) of the operators registered on a KopfPeering."""
+    def lease_holder(self, namespace: str, lease: str) -> str | None:
+        """The operator (its pod name, the chart's POD_ID) holding the leader Lease."""
         try:
-            found = self.custom.get_namespaced_custom_object(
-                "kopf.dev", "v1", namespace, "kopfpeerings", peering
-            )
+            found = client.CoordinationV1Api(self.api).read_namespaced_lease(lease, namespace)
         except ApiException:
-            return []
-        return list(found.get("status") or {})
+            return None
+        return found.spec.holder_identity if found.spec else None
 
     def crd_established(self, name: str) -> bool:
         try:

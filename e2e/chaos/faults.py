@@ -6,9 +6,10 @@ Figures (seconds):
   running or started before the job was back on schedule (the spike), and the time from the
   deletion until a batch started after it committed on schedule again;
 - driver loss: from the deletion to the first batch committed by the new driver;
-- operator loss: from the deletion to the new operator registered on the KopfPeering (it is
-  then watching and acting: failover); the job keeps committing meanwhile, and the new operator
-  must replace a driver deleted afterwards (adoption), which is measured as a driver loss.
+- operator loss: from the deletion of the leading operator's pod (the chart runs two, one
+  elected through a Lease) to the standby holding the Lease (it is then watching and acting:
+  failover); the job keeps committing meanwhile, and the new leader must replace a driver
+  deleted afterwards (adoption), which is measured as a driver loss.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from e2e.chaos.cluster import Cluster, operator_selector, pod_ready, wait_for
+from e2e.chaos.cluster import Cluster, pod_ready, wait_for
 from e2e.chaos.observer import Observer, Snapshot
 
 
@@ -29,7 +30,7 @@ class Target:
     batch_s: float
     operator_namespace: str
     release: str
-    peering: str  # the chart's peering.name; a KopfPeering of that name in the job's namespace
+    lease: str  # the operators' leader Lease, in operator_namespace (the chart's full name)
 
 
 @dataclass
@@ -217,20 +218,19 @@ class Chaos:
 
     def lose_operator(self, timeout_s: float) -> None:
         t = self.target
-        selector = operator_selector(t.release)
-        (old,) = [p.metadata.name for p in self.cluster.pods(t.operator_namespace, selector)]
-        peers_before = set(self.cluster.kopf_peers(t.namespace, t.peering))
+        leader = self.cluster.lease_holder(t.operator_namespace, t.lease)
+        assert leader, f"no operator holds Lease {t.operator_namespace}/{t.lease}"
         deleted_at = time.time()
-        self.cluster.delete_pod(t.operator_namespace, old)
+        self.cluster.delete_pod(t.operator_namespace, leader)
         self.count("operator")
-        print(f"- deleted operator pod {old}", flush=True)
+        print(f"- deleted the leading operator pod {leader}", flush=True)
         wait_for(
-            "a new operator registered on the KopfPeering",
-            lambda: set(self.cluster.kopf_peers(t.namespace, t.peering)) - peers_before,
+            "another operator holding the leader Lease",
+            lambda: self.cluster.lease_holder(t.operator_namespace, t.lease) not in (None, leader),
             timeout_s,
             every_s=0.5,
         )
-        self.figures.add("operator failover", time.time() - deleted_at, "new operator peering")
+        self.figures.add("operator failover", time.time() - deleted_at, "standby took the Lease")
         wait_for(
             "2 batches committed after the operator's deletion (the job runs without it)",
             lambda: len(self.snapshot().committed_after(deleted_at)) >= 2,

@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 from typing import Any
 
 import kopf
+from dstream.spec import StreamingJob
 
 from dstream_operator import resources
+from dstream_operator.kube import Kube
 from dstream_operator.metrics import counted
 from dstream_operator.reconcile import STOP_JOB_DELETION
 from dstream_operator.status import pod_facts
 from dstream_operator.supervisor import (
     JobBook,
     Supervisor,
+    apply_children,
     owner_of,
     parse,
     stop_driver,
@@ -30,6 +34,7 @@ from dstream_operator.supervisor import (
 JOBS = ("dstream.dev", "v1alpha1", "streamingjobs")
 DRIVER_PODS = {resources.ROLE_LABEL: "driver", resources.JOB_LABEL: kopf.PRESENT}
 EXECUTOR_PODS = {resources.ROLE_LABEL: "executor", resources.JOB_LABEL: kopf.PRESENT}
+POD_SELECTOR = f"{resources.JOB_LABEL},{resources.ROLE_LABEL} in (driver,executor)"
 FINALIZER = "dstream.dev/checkpoint-cleanup"
 WAIT_SECONDS = 3
 
@@ -44,6 +49,12 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     )
     settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING
+    # Filter pods on the API server: a handler's `labels=` only filters what kopf has already
+    # received, and an operator watching every namespace would stream every pod in the cluster.
+    settings.watching.label_selectors["", "v1", "pods"] = POD_SELECTOR
+    policy = await memo.kube.first_served(resources.POLICY_VERSIONS, "poddisruptionbudgets")
+    platform = dataclasses.replace(memo.supervision.platform, policy_version=policy)
+    memo.supervision = dataclasses.replace(memo.supervision, platform=platform)
     memo.book = JobBook()
     supervisor = Supervisor(memo.book, memo.kube, memo.supervision)
     memo.supervisor_task = asyncio.create_task(supervisor.run_forever(), name="supervisor")
@@ -73,16 +84,17 @@ async def set_up(
     if job is None:
         logger.warning("invalid spec, nothing set up: %s", "; ".join(problems))
     else:
-        for child in resources.children(job, owner_of(dict(body))):
-            await memo.kube.apply(child)
+        owner = owner_of(dict(body))
+        await apply_children(memo.kube, resources.children(job, owner, memo.supervision.platform))
         kopf.event(
             body,
             type="Normal",
             reason="SetUp",
-            message="ServiceAccount, Role, RoleBinding, ConfigMap and Service in place",
+            message="ServiceAccount, Role, RoleBinding, ConfigMap, Service, "
+            "PodDisruptionBudgets and the UI Ingress (if configured) in place",
         )
         patch.status["observedGeneration"] = meta.get("generation")
-    memo.book.mark_set_up(key)
+    memo.book.mark_set_up(key, resources.spec_hash(job) if job else None)
 
 
 @kopf.on.update(*JOBS, field="spec")
@@ -104,7 +116,10 @@ async def spec_changed(
     if job is None:
         logger.warning("invalid spec, change not applied: %s", "; ".join(problems))
         return
-    await memo.kube.apply(resources.config_map(job, owner_of(dict(body))))
+    owner = owner_of(dict(body))
+    await memo.kube.apply(resources.config_map(job, owner))
+    policy = memo.supervision.platform.policy_version
+    await sync_disruption_budgets(memo.kube, job, owner, policy)
     changed = resources.restart_fields(dict(old or {}), dict(new or {}))
     if memo.book.reset_failure(key):
         kopf.event(
@@ -119,6 +134,19 @@ async def spec_changed(
         message = "applied without restarting the driver"
     kopf.event(body, type="Normal", reason="SpecChanged", message=message)
     patch.status["observedGeneration"] = meta.get("generation")
+
+
+async def sync_disruption_budgets(
+    kube: Kube, job: StreamingJob, owner: resources.Owner, policy_version: str
+) -> None:
+    """Bring the budgets to the spec: they follow executor.instances and may be turned off."""
+    for role in resources.DISRUPTED_ROLES:
+        budget = resources.disruption_budget(job, owner, role, policy_version)
+        if budget is not None:
+            await kube.apply(budget)
+        else:
+            name = resources.disruption_budget_name(owner.name, role)
+            await kube.delete(policy_version, "PodDisruptionBudget", owner.namespace, name)
 
 
 def deletes_checkpoint(spec: kopf.Spec, **_: Any) -> bool:

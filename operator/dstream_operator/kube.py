@@ -23,6 +23,9 @@ PLURALS = {
     "RoleBinding": "rolebindings",
     "StreamingJob": "streamingjobs",
     "Event": "events",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "Ingress": "ingresses",
+    "Lease": "leases",
 }
 RETRY_AFTER_ATTEMPTS = 5  # answers with Retry-After honoured per request, as client-go does
 RETRY_AFTER_MAX_S = 10.0
@@ -166,6 +169,19 @@ class Kube:
         """Delete with the object's own grace period; False if it was already gone."""
         path = object_path(api_version, kind, namespace, name)
         return await self._request("DELETE", path) is not None
+
+    async def serves(self, api_version: str, plural: str) -> bool:
+        """Whether the API server serves this resource in this group version (discovery)."""
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        found = await self._request("GET", base)
+        return any(r.get("name") == plural for r in (found or {}).get("resources") or [])
+
+    async def first_served(self, api_versions: tuple[str, ...], plural: str) -> str:
+        """The first of `api_versions` that the API server serves `plural` in."""
+        for api_version in api_versions:
+            if await self.serves(api_version, plural):
+                return api_version
+        raise KubeError(404, f"none of {', '.join(api_versions)} serves {plural}")
 
     async def close(self) -> None:
         if self._session is not None:

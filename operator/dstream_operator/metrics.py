@@ -28,6 +28,9 @@ DRIVER_RESTARTS = Counter(
     ["namespace", "job"],
 )
 JOBS = Gauge("dstream_operator_jobs", "StreamingJobs by phase.", ["phase"])
+LEADER = Gauge(
+    "dstream_operator_leader", "1 while this operator holds the leader Lease (--lease), else 0."
+)
 
 Result = TypeVar("Result")
 

@@ -11,9 +11,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from dstream.spec import StreamingJob
+import yaml
+from dstream.spec import API_VERSION, KIND, StreamingJob, parse_job
 
 from dstream_operator import restarts
+from dstream_operator.resources import job_manifest
 from dstream_operator.status import (
     DriverReport,
     JobStatus,
@@ -54,6 +56,7 @@ class Observation:
     report: DriverReport | None
     spec_hash: str  # of the current spec; a live driver with another one is outdated
     now: datetime
+    template_overrides: tuple[str, ...] = ()  # pod template fields the operator overrides
 
 
 @dataclass
@@ -66,6 +69,7 @@ class Plan:
     restarted: bool = False
     events: list[Event] = field(default_factory=list)
     wake_at: datetime | None = None  # plan again then, even if nothing changes (backoff end)
+    run_job: StreamingJob | None = None  # what a new driver runs: the spec, or a rollback's
 
 
 def plan(seen: Observation) -> Plan:
@@ -77,12 +81,15 @@ def plan(seen: Observation) -> Plan:
     if _predecessors(seen.vanished, seen.job_uid):
         seen = dataclasses.replace(seen, vanished=None)  # its end is no restart of this job
     job = seen.job
-    step = Plan(status=seen.status)
+    step = Plan(status=_forget_old_rollback(seen))
+    step.run_job, run_hash = _target(seen, step.status)
+    _record_stable(seen, step, run_hash)
     _handle_termination(seen, job, step)
+    step.run_job, run_hash = _target(seen, step.status)  # a rollback may have been decided
     if job.spec.suspend:
         _suspend(seen, step)
     elif step.status.phase != "Failed":
-        _run(seen, step)
+        _run(seen, step, run_hash)
     alive = seen.driver if seen.driver is not None and seen.driver.alive else None
     step.status = with_driver(
         step.status,
@@ -118,6 +125,87 @@ def _invalid(seen: Observation) -> Plan:
     return step
 
 
+def _forget_old_rollback(seen: Observation) -> JobStatus:
+    """A rollback lasts until the spec changes: a new spec gets its own chance."""
+    status = seen.status
+    if status.rolled_back_from is None or status.rolled_back_from == seen.spec_hash:
+        return status
+    return status.model_copy(update={"rolled_back_from": None, "upgrade_failures": 0})
+
+
+def _target(seen: Observation, status: JobStatus) -> tuple[StreamingJob, str]:
+    """The job a driver should run, and its fingerprint: the spec, unless it was rolled back
+    from, then the last spec that committed a batch."""
+    assert seen.job is not None
+    if status.rolled_back_from == seen.spec_hash and status.stable_spec and status.stable_spec_hash:
+        document = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": seen.job.metadata.model_dump(exclude_none=True),
+            "spec": yaml.safe_load(status.stable_spec),
+        }
+        return parse_job(document, "status.stableSpec"), status.stable_spec_hash
+    return seen.job, seen.spec_hash
+
+
+def _record_stable(seen: Observation, step: Plan, run_hash: str) -> None:
+    """A driver that committed a batch proves its spec: it becomes the one to roll back to."""
+    driver, report = seen.driver, seen.report
+    committed = report is not None and report.last_batch_time is not None
+    if driver is None or not driver.alive or not committed or driver.spec_hash != run_hash:
+        return
+    if step.status.stable_spec_hash == run_hash:
+        return
+    assert step.run_job is not None
+    text = yaml.safe_dump(job_manifest(step.run_job)["spec"], sort_keys=True)
+    step.status = step.status.model_copy(
+        update={"stable_spec": text, "stable_spec_hash": run_hash, "upgrade_failures": 0}
+    )
+
+
+def _ended_pod(seen: Observation) -> PodFacts | None:
+    driver = seen.driver
+    if driver is not None and driver.stop_reason is None and (driver.deleting or driver.terminal):
+        return driver
+    return seen.vanished
+
+
+def _roll_back(seen: Observation, job: StreamingJob, step: Plan, ended: str) -> bool:
+    """Count a failure of a changed spec's driver that never committed a batch; after
+    `rollbackAfterFailures` of them, run the last spec that did. True if rolled back."""
+    status, upgrade = step.status, job.spec.upgrade
+    pod = _ended_pod(seen)
+    unproven = (
+        upgrade.rollback_on_failure
+        and status.stable_spec_hash is not None
+        and status.rolled_back_from is None
+        and pod is not None
+        and pod.spec_hash == seen.spec_hash != status.stable_spec_hash
+    )
+    if not unproven:
+        return False
+    failures = status.upgrade_failures + 1
+    if failures < upgrade.rollback_after_failures:
+        step.status = status.model_copy(update={"upgrade_failures": failures})
+        return False
+    message = (
+        f"{ended}; the changed spec failed {failures} times before committing a batch: "
+        f"rolled back to the last spec that did ({status.stable_spec_hash}), from the "
+        "checkpoint; change the spec to try again"
+    )
+    step.status = with_phase(status, "Recovering", message, seen.now).model_copy(
+        update={
+            "rolled_back_from": seen.spec_hash,
+            "upgrade_failures": 0,
+            "restarts": 0,
+            "next_restart_time": seen.now,
+        }
+    )
+    step.restarted = True
+    step.events.append(Event("Warning", "RolledBack", message))
+    return True
+
+
 def ended_driver(seen: Observation) -> restarts.Termination | None:
     """A driver that ended without the operator stopping it: it exited, or someone deleted its
     pod (a graceful deletion shows first as a deletion mark, and ends the pod before it goes),
@@ -144,15 +232,18 @@ def _handle_termination(seen: Observation, job: StreamingJob, step: Plan) -> Non
         step.stop_driver = STOP_ENDED  # marks its end as handled
     if job.spec.suspend or step.status.phase == "Failed":
         return
+    if ended.failed and _roll_back(seen, job, step, ended.reason):
+        return
     decision = restarts.decide(job.spec.restart_policy, step.status.restarts, ended)
     if isinstance(decision, restarts.GiveUp):
         step.status = with_phase(step.status, "Failed", decision.reason, seen.now)
         step.events.append(Event("Warning", "JobFailed", decision.reason))
         return
     policy = job.spec.restart_policy
+    when = f"in {decision.delay_seconds}s" if decision.delay_seconds else "now"
     message = (
         f"{ended.reason}; restart {decision.attempt}/{policy.max_restarts} "
-        f"in {decision.delay_seconds}s from the checkpoint"
+        f"{when} from the checkpoint"
     )
     step.status = with_phase(step.status, "Recovering", message, seen.now).model_copy(
         update={
@@ -162,6 +253,33 @@ def _handle_termination(seen: Observation, job: StreamingJob, step: Plan) -> Non
     )
     step.restarted = True
     step.events.append(Event("Warning", "DriverLost", message))
+
+
+def _rollback_note(status: JobStatus) -> str | None:
+    if status.rolled_back_from is None:
+        return None
+    return (
+        f"rolled back: running the last spec that committed a batch ({status.stable_spec_hash}) "
+        f"instead of spec {status.rolled_back_from}, whose driver kept failing before its "
+        "first batch; change the spec to try again"
+    )
+
+
+def _reset_after_stable_run(seen: Observation, step: Plan) -> None:
+    """A driver ready for `resetAfterSeconds` has recovered: the next loss is a first one
+    again (restarted at once, with a full restart budget)."""
+    policy = seen.job.spec.restart_policy if seen.job else None
+    ready = next((c for c in step.status.conditions if c.type == "DriverReady"), None)
+    ready_since = ready.last_transition_time if ready and ready.status == "True" else None
+    if not step.status.restarts or policy is None:
+        return
+    if restarts.stable_since(policy, ready_since, seen.now):
+        message = (
+            f"the driver has been ready for {policy.reset_after_seconds}s: "
+            f"restart count {step.status.restarts} reset"
+        )
+        step.status = step.status.model_copy(update={"restarts": 0})
+        step.events.append(Event("Normal", "RestartCountReset", message))
 
 
 def _suspend(seen: Observation, step: Plan) -> None:
@@ -175,10 +293,10 @@ def _suspend(seen: Observation, step: Plan) -> None:
     ).model_copy(update={"next_restart_time": None})
 
 
-def _run(seen: Observation, step: Plan) -> None:
+def _run(seen: Observation, step: Plan, run_hash: str) -> None:
     driver, status = seen.driver, step.status
     if driver is not None and driver.alive:
-        if driver.spec_hash != seen.spec_hash:
+        if driver.spec_hash != run_hash:
             step.stop_driver = STOP_SPEC_CHANGE
             step.events.append(
                 Event("Normal", "Restarting", "spec changed: restarting the driver gracefully")
@@ -188,7 +306,8 @@ def _run(seen: Observation, step: Plan) -> None:
             )
             return
         phase = running_phase(driver, status.restarts, seen.report)
-        step.status = with_phase(status, phase, None, seen.now)
+        step.status = with_phase(status, phase, _rollback_note(status), seen.now)
+        _reset_after_stable_run(seen, step)
         return
     if driver is not None:
         return  # the old driver is still going away
@@ -199,8 +318,14 @@ def _run(seen: Observation, step: Plan) -> None:
         return
     step.create_driver = True
     phase = "Recovering" if status.restarts else "Starting"
-    step.status = with_phase(status, phase, None, seen.now).model_copy(
+    message = status.message if phase == "Recovering" else None  # why it is recovering
+    step.status = with_phase(status, phase, message, seen.now).model_copy(
         update={"next_restart_time": None}
     )
     reason = "DriverRestarted" if due is not None else "DriverCreated"
     step.events.append(Event("Normal", reason, "created the driver pod"))
+    if seen.template_overrides:
+        message = "pod fields the operator owns, the job's values ignored: "
+        step.events.append(
+            Event("Warning", "PodTemplateOverridden", message + ", ".join(seen.template_overrides))
+        )

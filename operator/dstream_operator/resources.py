@@ -16,8 +16,9 @@ from pathlib import PurePosixPath
 from typing import Any, Literal
 
 import yaml
-from dstream.spec import API_VERSION, KIND, StreamingJob, Volume, secret_env
+from dstream.spec import API_VERSION, KIND, PodSettings, StreamingJob, Volume, secret_env
 
+from dstream_operator.pod_merge import merge_under
 from dstream_operator.status import SPEC_HASH_ANNOTATION
 
 JOB_LABEL = "dstream.dev/job"
@@ -28,8 +29,12 @@ DRIVER_PORT = 7078
 BLOCK_MANAGER_PORT = 7079
 # The API server as seen from a driver pod; clusters without DNS (or kube-proxy) pass another.
 DEFAULT_API_SERVER = "https://kubernetes.default.svc"
+UI_PORT = 4040  # Spark's web UI
 JOB_DIR = "/etc/dstream"
 JOB_FILE = f"{JOB_DIR}/job.yaml"
+EXECUTOR_TEMPLATE_KEY = "executor-pod-template.yaml"  # in the job's ConfigMap, beside job.yaml
+DRIVER_CONTAINER = "driver"
+EXECUTOR_CONTAINER = "executor"  # the container of the executor template that Spark fills in
 # The driver API's token: the pod's own ServiceAccount token (mounted by Kubernetes, rotated in
 # place, re-read by the API on every request). Whoever holds it can already delete the driver
 # pod, so stopping the driver through its API grants nothing more, and the operator needs no
@@ -146,14 +151,25 @@ def role(owner: Owner) -> dict[str, Any]:
     }
 
 
-def role_binding(owner: Owner) -> dict[str, Any]:
+def driver_service_account(job: StreamingJob, owner: Owner) -> str:
+    """The user's `driver.serviceAccountName`, or the one the operator creates for the job."""
+    return job.spec.driver.service_account_name or driver_name(owner.name)
+
+
+def role_binding(job: StreamingJob, owner: Owner) -> dict[str, Any]:
+    """The driver's Role for the ServiceAccount it runs as: the user's own one (say, with
+    workload-identity annotations) gets what Spark's driver needs without further set-up."""
     name = driver_name(owner.name)
+    accounts = sorted({name, driver_service_account(job, owner)})
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
         "metadata": _metadata(name, owner, "driver"),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+        "subjects": [
+            {"kind": "ServiceAccount", "name": account, "namespace": owner.namespace}
+            for account in accounts
+        ],
     }
 
 
@@ -168,11 +184,16 @@ def job_manifest(job: StreamingJob) -> dict[str, Any]:
 
 
 def config_map(job: StreamingJob, owner: Owner) -> dict[str, Any]:
+    """The job manifest, and the executors' pod template when the spec customises them."""
+    data = {"job.yaml": yaml.safe_dump(job_manifest(job), sort_keys=False)}
+    template = executor_pod_template(job)
+    if template is not None:
+        data[EXECUTOR_TEMPLATE_KEY] = yaml.safe_dump(template, sort_keys=False)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _metadata(config_map_name(owner.name), owner, "driver"),
-        "data": {"job.yaml": yaml.safe_dump(job_manifest(job), sort_keys=False)},
+        "data": data,
     }
 
 
@@ -195,19 +216,105 @@ def service(owner: Owner) -> dict[str, Any]:
                     "targetPort": BLOCK_MANAGER_PORT,
                 },
                 {"name": "http-api", "port": API_PORT, "targetPort": API_PORT},
+                {"name": "http-spark-ui", "port": UI_PORT, "targetPort": UI_PORT},
             ],
         },
     }
 
 
-def children(job: StreamingJob, owner: Owner) -> list[dict[str, Any]]:
-    """Everything but the driver pod, in creation order (RBAC before what needs it)."""
+# Drivers a job runs at once: one today; a hot standby would make it two, and the driver
+# budget then keeps one of them through any drain.
+DRIVERS = 1
+# PodDisruptionBudget: policy/v1 from Kubernetes 1.21 (and the only one from 1.25),
+# policy/v1beta1 before; the operator uses the one the cluster serves (`Kube.serves`).
+POLICY_VERSIONS = ("policy/v1", "policy/v1beta1")
+
+
+def disruption_budget_name(job: str, role: str) -> str:
+    return dns_label(f"{job}-{role}", 253)
+
+
+DISRUPTED_ROLES = ("driver", "executor")
+
+
+def disruption_budget(
+    job: StreamingJob, owner: Owner, role: str, policy_version: str
+) -> dict[str, Any] | None:
+    """The PodDisruptionBudget of the job's drivers or executors; None when disabled.
+
+    Kubernetes honours `maxUnavailable` only for pods whose controller has a scale subresource
+    (a Deployment, a StatefulSet); for other pods, such as ours, the disruption controller
+    cannot count the expected pods and refuses every eviction. So the budget is written as the
+    equivalent `minAvailable`: the role's pod count less the job's `maxUnavailable`."""
+    settings = job.spec.driver if role == "driver" else job.spec.executor
+    if not settings.disruption_budget.enabled:
+        return None
+    pods = DRIVERS if role == "driver" else job.spec.executor.instances
+    return {
+        "apiVersion": policy_version,
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(disruption_budget_name(owner.name, role), owner, role),
+        "spec": {
+            "minAvailable": max(0, pods - settings.disruption_budget.max_unavailable),
+            "selector": {"matchLabels": {JOB_LABEL: owner.name, ROLE_LABEL: role}},
+        },
+    }
+
+
+@dataclass(frozen=True)
+class UiIngress:
+    """An Ingress per job for its Spark UI, at a host of its own (the UI serves from `/`)."""
+
+    host: str  # may hold {job} and {namespace}
+    class_name: str | None = None
+    annotations: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What shapes a job's objects beyond its spec: the cluster's API versions and the
+    operator's own configuration."""
+
+    policy_version: str = POLICY_VERSIONS[0]
+    ui_ingress: UiIngress | None = None
+
+
+def ui_ingress(owner: Owner, settings: UiIngress) -> dict[str, Any]:
+    """networking.k8s.io/v1 (served from Kubernetes 1.19) to the driver Service's UI port."""
+    metadata = _metadata(service_name(owner.name), owner, "driver")
+    if settings.annotations:
+        metadata["annotations"] = dict(settings.annotations)
+    backend = {"service": {"name": service_name(owner.name), "port": {"number": UI_PORT}}}
+    spec: dict[str, Any] = {
+        "rules": [
+            {
+                "host": settings.host.format(job=owner.name, namespace=owner.namespace),
+                "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]},
+            }
+        ]
+    }
+    if settings.class_name:
+        spec["ingressClassName"] = settings.class_name
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": metadata,
+        "spec": spec,
+    }
+
+
+def children(job: StreamingJob, owner: Owner, platform: Platform) -> list[dict[str, Any]]:
+    """Everything but the driver pod (see `supervisor.apply_children` for the order)."""
+    budgets = (disruption_budget(job, owner, r, platform.policy_version) for r in DISRUPTED_ROLES)
+    ingress = [ui_ingress(owner, platform.ui_ingress)] if platform.ui_ingress else []
     return [
         service_account(owner),
         role(owner),
-        role_binding(owner),
+        role_binding(job, owner),
         config_map(job, owner),
         service(owner),
+        *filter(None, budgets),
+        *ingress,
     ]
 
 
@@ -256,16 +363,25 @@ def pod_memory_mib(spark_memory: str) -> int:
 
 
 # Spec fields only the operator reads: changing them never restarts the driver.
-OPERATOR_ONLY_FIELDS = ("suspend", "restartPolicy")
+OPERATOR_ONLY_FIELDS = ("suspend", "restartPolicy", "upgrade")
+
+
+# Fields inside a block that only the operator reads.
+OPERATOR_ONLY_MEMBERS = {
+    "checkpoint": "deleteOnJobDeletion",
+    "driver": "disruptionBudget",
+    "executor": "disruptionBudget",
+}
 
 
 def driver_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """The part of a manifest's spec that the driver runs on."""
     kept = {k: v for k, v in spec.items() if k not in OPERATOR_ONLY_FIELDS}
-    if isinstance(kept.get("checkpoint"), dict):
-        kept["checkpoint"] = {
-            k: v for k, v in kept["checkpoint"].items() if k != "deleteOnJobDeletion"
-        }
+    for block, member in OPERATOR_ONLY_MEMBERS.items():
+        if isinstance(kept.get(block), dict):
+            kept[block] = {k: v for k, v in kept[block].items() if k != member}
+            if not kept[block]:  # `executor: {}` is no executor block at all
+                del kept[block]
     return kept
 
 
@@ -303,6 +419,7 @@ def spark_conf(job: StreamingJob, owner: Owner, driver_host: DriverHost) -> dict
         "spark.driver.bindAddress": "$(POD_IP)",
         "spark.driver.port": str(DRIVER_PORT),
         "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
+        "spark.ui.port": str(UI_PORT),
         "spark.blockManager.port": str(BLOCK_MANAGER_PORT),
         "spark.driver.cores": str(spec.driver.cores),
         "spark.driver.memory": spec.driver.memory,
@@ -323,7 +440,66 @@ def spark_conf(job: StreamingJob, owner: Owner, driver_host: DriverHost) -> dict
     for volume in spec.volumes:
         conf |= _executor_volume_conf(volume)
     conf |= _executor_secret_conf(job)
+    conf |= _executor_template_conf(job)
     return conf | spec.spark_conf
+
+
+def _executor_template_conf(job: StreamingJob) -> dict[str, str]:
+    """Spark's own pod-template support for the executors: in client mode the driver reads the
+    template from its file system, the job's ConfigMap mounted at JOB_DIR."""
+    executor = job.spec.executor
+    conf = {}
+    if executor_pod_template(job) is not None:
+        conf["spark.kubernetes.executor.podTemplateFile"] = f"{JOB_DIR}/{EXECUTOR_TEMPLATE_KEY}"
+        conf["spark.kubernetes.executor.podTemplateContainerName"] = EXECUTOR_CONTAINER
+    if executor.cores_limit is not None:  # Spark sets the executor's CPU limit from this
+        conf["spark.kubernetes.executor.limit.cores"] = executor.cores_limit
+    return conf
+
+
+def _first_class_pod(settings: PodSettings, container: str) -> dict[str, Any]:
+    """The part of a pod that the first-class fields (`driver.nodeSelector`, ...) describe."""
+    fields = settings.model_dump(mode="json", by_alias=True, exclude_none=True)
+    pod_fields = (
+        "serviceAccountName",
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+        "priorityClassName",
+        "imagePullSecrets",
+    )
+    main: dict[str, Any] = {"name": container}
+    main |= {key: fields[key] for key in ("env", "envFrom") if fields[key]}
+    if settings.cores_limit is not None:
+        main["resources"] = {"limits": {"cpu": settings.cores_limit}}
+    pod: dict[str, Any] = {
+        "spec": {key: fields[key] for key in pod_fields if fields.get(key)} | {"containers": [main]}
+    }
+    metadata = {key: fields[key] for key in ("labels", "annotations") if fields[key]}
+    if metadata:
+        pod["metadata"] = metadata
+    return pod
+
+
+def _customised(settings: PodSettings, container: str) -> tuple[dict[str, Any], list[str]]:
+    """The pod template with the first-class fields laid over it, and the template paths they
+    overrode."""
+    template = (
+        settings.pod_template.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if settings.pod_template is not None
+        else {}
+    )
+    return merge_under(template, _first_class_pod(settings, container))
+
+
+def executor_pod_template(job: StreamingJob) -> dict[str, Any] | None:
+    """The executors' pod template for Spark, or None when the spec does not customise them.
+    Spark owns what it generates (the executor container's command, image, ports, resources,
+    Spark's labels) and lays it over this template."""
+    if not job.spec.executor.customised():
+        return None
+    pod, _overridden = _customised(job.spec.executor, EXECUTOR_CONTAINER)
+    return {"apiVersion": "v1", "kind": "Pod"} | pod
 
 
 def _executor_secret_conf(job: StreamingJob) -> dict[str, str]:
@@ -430,9 +606,39 @@ def driver_args(
 def driver_pod(
     job: StreamingJob, owner: Owner, driver_host: DriverHost, api_server: str = DEFAULT_API_SERVER
 ) -> dict[str, Any]:
-    """The driver pod. Its restartPolicy is Never: the operator, not the kubelet, applies the
-    job's restartPolicy, so restarts are counted and backed off. A startup probe gives a
-    recovering driver time to replay its checkpoint before liveness checks begin."""
+    """The driver pod: what the operator generates, laid over the job's pod customisation."""
+    return _driver_pod_and_overrides(job, owner, driver_host, api_server)[0]
+
+
+def template_overrides(
+    job: StreamingJob, owner: Owner, driver_host: DriverHost, api_server: str = DEFAULT_API_SERVER
+) -> list[str]:
+    """The pod fields where the job's pod template or first-class fields asked for a value that
+    the operator's own (or a first-class field's over a template's) replaced, for a warning
+    Event: a job cannot change what the operator must own, such as the driver's command,
+    ports, ownerReferences and the dstream.dev labels."""
+    driver = _driver_pod_and_overrides(job, owner, driver_host, api_server)[1]
+    executor = _customised(job.spec.executor, EXECUTOR_CONTAINER)[1]
+    return [f"driver pod {path}" for path in driver] + [f"executor pod {path}" for path in executor]
+
+
+def _driver_pod_and_overrides(
+    job: StreamingJob, owner: Owner, driver_host: DriverHost, api_server: str
+) -> tuple[dict[str, Any], list[str]]:
+    customised, by_fields = _customised(job.spec.driver, DRIVER_CONTAINER)
+    pod, by_operator = merge_under(
+        customised, _generated_driver_pod(job, owner, driver_host, api_server)
+    )
+    return pod, by_fields + by_operator
+
+
+def _generated_driver_pod(
+    job: StreamingJob, owner: Owner, driver_host: DriverHost, api_server: str
+) -> dict[str, Any]:
+    """The driver pod as the operator needs it. Its restartPolicy is Never: the operator, not
+    the kubelet, applies the job's restartPolicy, so restarts are counted and backed off. A
+    startup probe gives a recovering driver time to replay its checkpoint before liveness
+    checks begin."""
     spec = job.spec
     name = driver_name(owner.name)
     user_volumes, user_mounts = _user_volumes(job)
@@ -440,7 +646,7 @@ def driver_pod(
     metadata = _metadata(name, owner, "driver")
     metadata["annotations"] = {SPEC_HASH_ANNOTATION: spec_hash(job)}
     container = {
-        "name": "driver",
+        "name": DRIVER_CONTAINER,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["python", "-m", "dstream.service.driver"],
@@ -456,6 +662,7 @@ def driver_pod(
             {"name": "http-api", "containerPort": API_PORT},
             {"name": "spark-driver", "containerPort": DRIVER_PORT},
             {"name": "spark-blockmgr", "containerPort": BLOCK_MANAGER_PORT},
+            {"name": "http-spark-ui", "containerPort": UI_PORT},
         ],
         "resources": {
             "requests": {"cpu": str(spec.driver.cores), "memory": memory},
@@ -476,7 +683,7 @@ def driver_pod(
         "kind": "Pod",
         "metadata": metadata,
         "spec": {
-            "serviceAccountName": name,
+            "serviceAccountName": driver_service_account(job, owner),
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": grace_seconds(job),
             "securityContext": _pod_security(),

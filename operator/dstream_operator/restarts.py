@@ -7,6 +7,7 @@ often and how fast, so a driver that crashes on start cannot hammer the cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from dstream.spec import RestartPolicy
 
@@ -35,8 +36,20 @@ class GiveUp:
 
 
 def backoff_seconds(policy: RestartPolicy, restarts_so_far: int) -> int:
-    """backoffSeconds doubled per earlier restart, capped at maxBackoffSeconds."""
-    return min(policy.backoff_seconds * 2 ** min(restarts_so_far, 32), policy.max_backoff_seconds)
+    """0 before the first restart: a driver lost once is most likely a node or a pod lost,
+    and the checkpoint makes the restart safe, so waiting only delays the stream. From the
+    second: backoffSeconds, doubled per further restart, capped at maxBackoffSeconds."""
+    if restarts_so_far == 0:
+        return 0
+    doublings = min(restarts_so_far - 1, 32)
+    return min(policy.backoff_seconds * 2**doublings, policy.max_backoff_seconds)
+
+
+def stable_since(policy: RestartPolicy, ready_since: datetime | None, now: datetime) -> bool:
+    """Whether a driver ready since `ready_since` has run long enough to reset the count."""
+    if ready_since is None or policy.reset_after_seconds == 0:
+        return False
+    return (now - ready_since).total_seconds() >= policy.reset_after_seconds
 
 
 def decide(policy: RestartPolicy, restarts_so_far: int, ended: Termination) -> Restart | GiveUp:

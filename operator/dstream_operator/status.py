@@ -76,6 +76,18 @@ class JobStatus(StatusModel):
         ge=0,
         description="Records the sources offer that no batch has admitted yet, over all sources.",
     )
+    stable_spec: str | None = Field(
+        None, description="The last spec whose driver committed a batch (YAML), for rollbacks."
+    )
+    stable_spec_hash: str | None = None
+    upgrade_failures: int = Field(
+        0, ge=0, description="Failures of the current spec's drivers before any committed."
+    )
+    rolled_back_from: str | None = Field(
+        None,
+        description="Hash of the spec the operator rolled back from; the job runs stableSpec "
+        "until the spec changes.",
+    )
 
     def to_patch(self) -> dict[str, Any]:
         """The status as a JSON merge patch of the fields the supervisor owns.

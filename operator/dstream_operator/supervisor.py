@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import math
 import time
+import zlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -25,19 +26,23 @@ from dstream.spec import API_VERSION, KIND, SpecError, StreamingJob, parse_job
 
 from dstream_operator import metrics, resources
 from dstream_operator.driver_api import fetch_report
-from dstream_operator.kube import Kube
-from dstream_operator.reconcile import Observation, Plan, plan
+from dstream_operator.kube import Kube, KubeError
+from dstream_operator.reconcile import Event, Observation, Plan, plan
 from dstream_operator.status import (
     STOP_REASON_ANNOTATION,
     DriverReport,
     JobStatus,
     PodFacts,
     pod_facts,
+    with_phase,
 )
 
 logger = logging.getLogger(__name__)
 
 JobKey = tuple[str, str]  # (namespace, name)
+# Answers to creating a driver pod that no retry can change (a pod template the API server
+# finds invalid): the job fails saying why, until its spec changes.
+REJECTED = (400, 422)
 
 
 @dataclass
@@ -46,6 +51,7 @@ class JobMemory:
 
     body: dict[str, Any] | None = None  # the StreamingJob as last seen
     set_up: bool = False  # its ServiceAccount, Role, ConfigMap, Service exist
+    children_for: str | None = None  # the spec hash the children were last applied for
     status: JobStatus | None = None  # as the supervisor last wrote it
     driver: PodFacts | None = None
     vanished: PodFacts | None = None  # a driver pod gone since the last step
@@ -53,6 +59,7 @@ class JobMemory:
     report: DriverReport | None = None
     polled_at: float = -math.inf
     wake_at: datetime | None = None  # the last plan asked to be made again then
+    refresh_at: datetime | None = None  # step again then even if nothing changes (status)
 
     def mark_stopped(self, pod: PodFacts, reason: str) -> None:
         """Remember that the supervisor stopped `pod` or handled its end. Watch events may
@@ -75,20 +82,28 @@ class JobBook:
     def __init__(self) -> None:
         self.jobs: dict[JobKey, JobMemory] = {}
         self.changed = asyncio.Event()
+        self.dirty: set[JobKey] = set()  # jobs seen changing since their last step
 
     def memory(self, key: JobKey) -> JobMemory:
         return self.jobs.setdefault(key, JobMemory())
+
+    def touch(self, key: JobKey) -> None:
+        """Something about this job changed: step it soon."""
+        self.dirty.add(key)
+        self.changed.set()
 
     def see_job(self, key: JobKey, body: dict[str, Any] | None) -> None:
         if body is None:
             self.jobs.pop(key, None)
         else:
             self.memory(key).body = body
-        self.changed.set()
+        self.touch(key)
 
-    def mark_set_up(self, key: JobKey) -> None:
-        self.memory(key).set_up = True
-        self.changed.set()
+    def mark_set_up(self, key: JobKey, spec_hash: str | None) -> None:
+        """The job's children exist, as of this spec (None: an invalid spec, none applied)."""
+        memory = self.memory(key)
+        memory.set_up, memory.children_for = True, spec_hash
+        self.touch(key)
 
     def see_driver(self, key: JobKey, pod: PodFacts, deleted: bool) -> None:
         memory = self.memory(key)
@@ -102,7 +117,7 @@ class JobBook:
             self._forget_if_orphaned(key)
         else:
             memory.driver = pod
-        self.changed.set()
+        self.touch(key)
 
     def see_executor(self, key: JobKey, pod: PodFacts, deleted: bool) -> None:
         executors = self.memory(key).executors
@@ -111,7 +126,7 @@ class JobBook:
             self._forget_if_orphaned(key)
         else:
             executors[pod.name] = pod.ready and pod.alive
-        self.changed.set()
+        self.touch(key)
 
     def _forget_if_orphaned(self, key: JobKey) -> None:
         """Pods of a deleted job go after the job itself: keep no memory for them."""
@@ -133,15 +148,30 @@ class JobBook:
                 "message": "spec changed; starting again",
             }
         )
-        self.changed.set()
+        self.touch(key)
         return True
 
+    def _next_steps(self) -> list[tuple[JobKey, datetime]]:
+        """When each job wants its next step without a change: a restart backoff's end, or
+        its status refresh."""
+        return [
+            (key, at)
+            for key, memory in self.jobs.items()
+            for at in (memory.wake_at, memory.refresh_at)
+            if at is not None
+        ]
+
+    def take_due(self, now: datetime) -> list[JobKey]:
+        """The jobs to step now: those that changed and those whose time has come."""
+        due = self.dirty | {key for key, at in self._next_steps() if at <= now}
+        self.dirty = set()
+        return sorted(key for key in due if key in self.jobs)
+
     def seconds_to_wait(self, interval: float, now: datetime) -> float:
-        """The poll interval, or less when a job's restart backoff ends sooner: a restart
-        must not wait for the next poll tick (backoffSeconds may be shorter than the interval)."""
-        wake_ups = [m.wake_at for m in self.jobs.values() if m.wake_at is not None]
-        soonest = min(((at - now).total_seconds() for at in wake_ups), default=interval)
-        return max(0.0, min(interval, soonest))
+        """Until the next job's time comes, at most the poll interval: a restart must not
+        wait for the next poll tick (backoffSeconds may be shorter than the interval)."""
+        times = [(at - now).total_seconds() for _key, at in self._next_steps()]
+        return max(0.0, min([interval, *times]))
 
     async def wait(self, timeout: float) -> None:
         """Until something changes or `timeout` seconds pass."""
@@ -152,12 +182,26 @@ class JobBook:
         self.changed.clear()
 
 
+def refresh_slot(key: JobKey, interval: float, now: datetime) -> datetime:
+    """The job's next status refresh: the next moment after `now` in the job's own slot of
+    the interval, a fixed offset from its name's hash. Jobs created together are then still
+    refreshed (and their drivers polled) spread over the interval, not all at once."""
+    offset = zlib.crc32("/".join(key).encode()) / 2**32 * interval
+    start = now.timestamp()
+    slot = offset + (math.floor((start - offset) / interval) + 1) * interval
+    if slot - start < 1e-3:  # `now` is this slot, give or take float rounding
+        slot += interval
+    return datetime.fromtimestamp(slot, UTC)
+
+
 @dataclass(frozen=True)
 class SupervisorSettings:
     interval_seconds: float = 5.0  # status refresh and driver API poll period
+    concurrency: int = 16  # supervision steps (API calls, driver polls) in flight at once
     poll_timeout_seconds: float = 2.0
     driver_host: resources.DriverHost = "service"
     api_server: str = resources.DEFAULT_API_SERVER  # the drivers' Spark master
+    platform: resources.Platform = resources.Platform()  # its policy version: see start()
 
 
 def owner_of(body: dict[str, Any]) -> resources.Owner:
@@ -196,6 +240,21 @@ async def stop_driver(kube: Kube, owner: resources.Owner, reason: str) -> bool:
     return await kube.delete("v1", "Pod", owner.namespace, name)
 
 
+def _reject(step: Plan, message: str, now: datetime) -> None:
+    """The planned driver cannot be created: the job fails instead of trying every tick."""
+    step.status = with_phase(step.status, "Failed", message, now)
+    step.events = [e for e in step.events if e.type == "Warning"]
+    step.events.append(Event("Warning", "DriverPodRejected", message))
+
+
+async def apply_children(kube: Kube, children: list[dict[str, Any]]) -> None:
+    """Apply a job's children concurrently, RoleBindings last: the API server checks a binding
+    against the Role it grants, which must exist by then."""
+    bindings = [c for c in children if c["kind"] == "RoleBinding"]
+    await asyncio.gather(*(kube.apply(c) for c in children if c["kind"] != "RoleBinding"))
+    await asyncio.gather(*(kube.apply(c) for c in bindings))
+
+
 class Supervisor:
     """Runs supervision steps for all jobs in the book (see the module docstring)."""
 
@@ -203,23 +262,44 @@ class Supervisor:
         self.book = book
         self.kube = kube
         self.settings = settings
+        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._running: dict[JobKey, asyncio.Task[None]] = {}
+        self._again: set[JobKey] = set()  # changed while being stepped
 
     async def run_forever(self) -> None:
         async with aiohttp.ClientSession() as http:
             while True:
                 interval = self.settings.interval_seconds
                 await self.book.wait(self.book.seconds_to_wait(interval, datetime.now(UTC)))
-                await self.step_all(http)
+                self.start_due(http)
+
+    def start_due(self, http: aiohttp.ClientSession) -> None:
+        """Start a step for each job that changed or whose time came, without waiting for
+        other jobs' steps: a slow job (or a burst of new ones) holds up no one but itself.
+        A job is stepped once at a time; one that changes meanwhile is stepped again after."""
+        for key in self.book.take_due(datetime.now(UTC)):
+            if key in self._running:
+                self._again.add(key)
+            else:
+                self._running[key] = asyncio.create_task(self._bounded_step(key, http))
 
     async def step_all(self, http: aiohttp.ClientSession) -> None:
-        keys = list(self.book.jobs)
-        results = await asyncio.gather(
-            *(self.step(key, http) for key in keys), return_exceptions=True
-        )
-        for key, result in zip(keys, results, strict=True):
-            if isinstance(result, Exception):
-                metrics.ERRORS.labels("supervise").inc()
-                logger.error("supervising %s/%s failed: %r", *key, result)
+        """Step the due jobs and wait for them (what one turn of `run_forever` starts)."""
+        self.start_due(http)
+        await asyncio.gather(*self._running.values())
+
+    async def _bounded_step(self, key: JobKey, http: aiohttp.ClientSession) -> None:
+        try:
+            async with self._slots:
+                await self.step(key, http)
+        except Exception as error:  # one job's failure must not stop the others
+            metrics.ERRORS.labels("supervise").inc()
+            logger.error("supervising %s/%s failed: %r", *key, error)
+        finally:
+            del self._running[key]
+            if key in self._again:
+                self._again.discard(key)
+                self.book.touch(key)
         metrics.count_phases(
             memory.current_status().phase for memory in self.book.jobs.values() if memory.body
         )
@@ -232,6 +312,7 @@ class Supervisor:
             return  # the deletion handler owns a job's last moments
         metrics.RECONCILIATIONS.labels("supervise").inc()
         memory.wake_at = None  # a failing step retries on the next tick, not in a tight loop
+        memory.refresh_at = refresh_slot(key, self.settings.interval_seconds, datetime.now(UTC))
         owner = owner_of(memory.body)
         job, problems = parse(memory.body)
         vanished, memory.vanished = memory.vanished, None
@@ -247,6 +328,7 @@ class Supervisor:
                 report=await self._report(memory, owner, http),
                 spec_hash=resources.spec_hash(job) if job else "",
                 now=datetime.now(UTC),
+                template_overrides=tuple(self._template_overrides(job, owner)),
             )
             step = plan(seen)
             await self._act(step, memory, owner, job, seen.now)
@@ -255,6 +337,12 @@ class Supervisor:
             memory.vanished = memory.vanished or vanished  # decide on it again next time
             raise
         await self._write_status(memory, owner, step.status)
+
+    def _template_overrides(self, job: StreamingJob | None, owner: resources.Owner) -> list[str]:
+        if job is None:
+            return []
+        settings = self.settings
+        return resources.template_overrides(job, owner, settings.driver_host, settings.api_server)
 
     async def _report(
         self, memory: JobMemory, owner: resources.Owner, http: aiohttp.ClientSession
@@ -282,23 +370,44 @@ class Supervisor:
         now: datetime,
     ) -> None:
         driver = memory.driver
+        if step.restarted:
+            memory.children_for = None  # a lost driver's replacement repairs them
         if step.stop_driver and driver is not None:
             await stop_driver(self.kube, owner, step.stop_driver)
             memory.mark_stopped(driver, step.stop_driver)
         if step.create_driver and job is not None:
-            for child in resources.children(job, owner):  # the driver pod needs them all
-                await self.kube.apply(child)
+            job = step.run_job or job  # the spec, or the one a rollback returned to
+            await self._apply_children(memory, job, owner)
             pod = resources.driver_pod(
                 job, owner, self.settings.driver_host, self.settings.api_server
             )
-            created = await self.kube.create(pod)
-            memory.driver = pod_facts(created or pod)
+            try:
+                created = await self.kube.create(pod)
+            except KubeError as error:
+                if error.status not in REJECTED:
+                    raise
+                _reject(step, f"the API server rejected the driver pod: {error}", now)
+            else:
+                memory.driver = pod_facts(created or pod)
         if step.restarted:
             metrics.DRIVER_RESTARTS.labels(owner.namespace, owner.name).inc()
         for event in step.events:
             await self.kube.create(
                 resources.event(owner, event.type, event.reason, event.message, now)
             )
+
+    async def _apply_children(
+        self, memory: JobMemory, job: StreamingJob, owner: resources.Owner
+    ) -> None:
+        """The driver pod needs all of them: apply them unless they were applied for this very
+        spec since the operator started (the creation handler just did, for a new job), so a
+        burst of new jobs costs one round of writes each, not two; a restart (see `_act`) or
+        a spec change repairs them."""
+        fingerprint = resources.spec_hash(job)
+        if memory.children_for == fingerprint:
+            return
+        await apply_children(self.kube, resources.children(job, owner, self.settings.platform))
+        memory.children_for = fingerprint
 
     async def _write_status(
         self, memory: JobMemory, owner: resources.Owner, status: JobStatus

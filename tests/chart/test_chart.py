@@ -23,6 +23,14 @@ EVERYTHING_ON = {
     "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
     "grafanaDashboard": {"enabled": True},
     "peering": {"enabled": False, "name": "dstream"},
+    "sparkUI": {
+        "ingress": {
+            "enabled": True,
+            "host": "{job}.{namespace}.ui.example.com",
+            "className": "nginx",
+            "annotations": {"nginx.ingress.kubernetes.io/auth-type": "basic"},
+        }
+    },
 }
 
 
@@ -74,8 +82,25 @@ def test_crds_are_valid_and_the_same_as_the_repository_crds():
     ]
 
 
-def test_operator_deployment_is_single_recreate_and_hardened():
-    deployment = one(render(), "Deployment")
+PEERING = {"leaderElection": {"enabled": False, "leaseSeconds": 15}, "peering": {"enabled": True}}
+
+
+def test_two_operators_elect_a_leader_through_a_lease_by_default():
+    objects = render()
+    spec = one(objects, "Deployment")["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"]["type"] == "RollingUpdate"
+    args = spec["template"]["spec"]["containers"][0]["args"]
+    assert "--lease=dstream-system/dstream" in args and "--lease-seconds=15" in args
+    assert not [a for a in args if a.startswith(("--peering", "--standalone"))]
+    assert not [o for o in objects if "KopfPeering" in o["kind"]]
+    rules = granted(one(objects, "ClusterRole")["rules"])
+    assert ("coordination.k8s.io", "leases", "patch") in rules
+    assert not [r for r in rules if r[0] == "kopf.dev"]
+
+
+def test_operator_deployment_without_leader_election_is_single_recreate_and_hardened():
+    deployment = one(render(PEERING | {"replicas": 3}), "Deployment")
     spec = deployment["spec"]
     assert spec["replicas"] == 1
     assert spec["strategy"] == {"type": "Recreate"}
@@ -93,7 +118,7 @@ def test_operator_deployment_is_single_recreate_and_hardened():
 
 
 def test_watch_namespaces_and_standalone():
-    objects = render(EVERYTHING_ON)
+    objects = render(EVERYTHING_ON | {"leaderElection": {"enabled": False, "leaseSeconds": 15}})
     args = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=streams" in args and "--namespace=more-streams" in args
     assert "--all-namespaces" not in args and "--standalone" in args
@@ -101,10 +126,10 @@ def test_watch_namespaces_and_standalone():
 
 
 def test_peering_objects_follow_the_watched_namespaces():
-    objects = render({"watchNamespaces": ["streams"]})
+    objects = render({"watchNamespaces": ["streams"]} | PEERING)
     (peering,) = [o for o in objects if "KopfPeering" in o["kind"]]
     assert (peering["kind"], peering["metadata"]["namespace"]) == ("KopfPeering", "streams")
-    assert one(render(), "ClusterKopfPeering")["metadata"]["name"] == "dstream"
+    assert one(render(PEERING), "ClusterKopfPeering")["metadata"]["name"] == "dstream"
 
 
 def granted(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -123,6 +148,7 @@ def test_cluster_role_is_what_the_operator_needs():
     assert ("dstream.dev", "streamingjobs/status", "patch") in rules
     assert ("", "events", "create") in rules
     assert ("rbac.authorization.k8s.io", "roles", "create") in rules
+    assert ("policy", "poddisruptionbudgets", "delete") in rules
     assert not [r for r in rules if "*" in r]
     assert not [r for r in rules if r[1] in ("secrets", "nodes", "clusterroles")]
     # Kubernetes lets the operator grant a driver only what it holds itself.
@@ -168,12 +194,14 @@ BAD_VALUES = [
     ({"image": {"repository": "d", "pullPolicy": "Sometimes"}}, "pullPolicy"),
     ({"watchNamespaces": "streams"}, "watchNamespaces"),
     ({"watchNamespaces": ["Not_A_Namespace"]}, "watchNamespaces"),
-    ({"replicas": 2}, "replicas"),
+    ({"replicas": 0}, "replicas"),
+    ({"leaderElection": {"enabled": True, "leaseSeconds": 1}}, "leaseSeconds"),
     ({"metrics": {"port": 0}}, "port"),
     ({"operator": {"driverHost": "ip"}}, "driverHost"),
     ({"operator": {"apiServer": "kubernetes.default.svc"}}, "apiServer"),
     ({"metrics": {"port": 8080, "serviceMonitor": {"interval": "often"}}}, "interval"),
     ({"resources": {"limits": {"memory": "lots"}}}, "memory"),
+    ({"sparkUI": {"ingress": {"enabled": True, "host": ""}}}, "host"),
 ]
 
 
@@ -188,3 +216,19 @@ def test_schema_rejects_bad_values_naming_them(values, field):
     with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError) as error:
         chart.validate_schema(values)
     assert field in str(error.value)
+
+
+def test_the_spark_ui_ingress_is_off_by_default_and_passed_to_the_operator_when_on():
+    def args(values):
+        return one(render(values), "Deployment")["spec"]["template"]["spec"]["containers"][0][
+            "args"
+        ]
+
+    assert not [a for a in args({}) if a.startswith("--ui-ingress")]
+    assert [a for a in args(EVERYTHING_ON) if a.startswith("--ui-ingress")] == [
+        "--ui-ingress-host={job}.{namespace}.ui.example.com",
+        "--ui-ingress-class=nginx",
+        "--ui-ingress-annotation=nginx.ingress.kubernetes.io/auth-type=basic",
+    ]
+    rules = granted(one(render(), "ClusterRole")["rules"])
+    assert ("networking.k8s.io", "ingresses", "create") in rules

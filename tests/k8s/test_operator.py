@@ -3,8 +3,8 @@
 Watches, schema validation, ownerReferences, garbage collection, graceful pod deletion, RBAC and
 the status subresource behave differently for real than in kmock; these tests run the operator
 against the local Kubernetes 1.20 control plane (e2e/cluster/local.sh) as `helm install` would:
-the chart's CRDs, its ServiceAccount with its ClusterRole, its KopfPeering object, and the
-arguments of its Deployment (only the process runs on this machine instead of in a pod).
+the chart's CRDs, its ServiceAccount with its ClusterRole, and the arguments of its Deployment
+(a Lease elects the leader; only the process runs on this machine instead of in a pod).
 
 What the hollow node (kubemark) does to a driver pod, and so what the tests can see:
 - The pod is scheduled and reaches Running, but nothing executes: the readiness probe on the
@@ -120,8 +120,8 @@ class OperatorProcess:
             time.sleep(POLL_SECONDS)
 
     def stop(self) -> None:
-        """SIGTERM, so that kopf leaves the peering object cleanly (a killed operator's entry
-        would pause its successor until the entry expires); SIGKILL only if it hangs."""
+        """SIGTERM, so that the operator releases its Lease (a killed operator's Lease holds
+        its successor back until it expires); SIGKILL only if it hangs."""
         if self.process is None:
             return
         if self.process.poll() is None:
@@ -353,19 +353,6 @@ def render_chart(release: str, namespace: str) -> dict[str, dict[str, Any]]:
     return {document["kind"]: document for document in documents}
 
 
-def _create_when_served(create: Callable[[], Any]) -> None:
-    """A CRD's resource is served a moment after it is Established: retry 404s."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while True:
-        try:
-            create()
-            return
-        except ApiException as error:
-            if error.status != 404 or time.monotonic() > deadline:
-                raise
-            time.sleep(POLL_SECONDS)
-
-
 def _service_account_token(core: client.CoreV1Api, namespace: str, name: str) -> str:
     """Kubernetes 1.20 puts a ServiceAccount's token in a Secret it creates shortly after."""
     deadline = time.monotonic() + WAIT_SECONDS
@@ -380,13 +367,12 @@ def _service_account_token(core: client.CoreV1Api, namespace: str, name: str) ->
 def chart_release(
     k8s_cluster: LocalCluster, namespace: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Release]:
-    """The chart's ServiceAccount, ClusterRole, ClusterRoleBinding and KopfPeering (a namespaced
-    operator with peering stays paused until that object exists); the cluster-wide ones are
-    named after the namespace and deleted afterwards."""
+    """The chart's ServiceAccount, ClusterRole and ClusterRoleBinding; the cluster-wide ones
+    are named after the namespace and deleted afterwards. The operator runs with the chart's
+    arguments, so it elects itself leader through a Lease in the namespace."""
     objects = render_chart(release=namespace, namespace=namespace)
     core = k8s_cluster.core
     rbac = client.RbacAuthorizationV1Api(k8s_cluster.api_client)
-    custom = client.CustomObjectsApi(k8s_cluster.api_client)
     account, role, binding = (
         objects["ServiceAccount"],
         objects["ClusterRole"],
@@ -395,12 +381,7 @@ def chart_release(
     core.create_namespaced_service_account(namespace, account)
     rbac.create_cluster_role(role)
     rbac.create_cluster_role_binding(binding)
-    peering = objects["KopfPeering"]
-    _create_when_served(
-        lambda: custom.create_namespaced_custom_object(
-            "kopf.dev", "v1", namespace, "kopfpeerings", peering
-        )
-    )
+    assert "KopfPeering" not in objects  # the chart elects a leader through a Lease instead
     try:
         token = _service_account_token(core, namespace, account["metadata"]["name"])
         kubeconfig = yaml.safe_load(k8s_cluster.kubeconfig.read_text())
@@ -588,7 +569,8 @@ def _lose_driver_and_see_it_replaced(
     backoff: int,
 ) -> client.V1Pod:
     """Lose the driver; the restart is counted once, planned `backoff` seconds after the
-    operator noticed, and the next driver pod appears when (not before) that time comes."""
+    operator noticed (0: the first restart is immediate), and the next driver pod appears when
+    (not before) that time comes."""
     old = k8s.running_driver(job)
     lost_at = time.time()
     lose(k8s, old)
@@ -596,8 +578,13 @@ def _lose_driver_and_see_it_replaced(
         f"restarts == {restarts}", lambda: (s := k8s.status(job)).get("restarts") == restarts and s
     )
     assert status["phase"] == "Recovering"
-    assert f"restart {restarts}/" in status["message"] and f"in {backoff}s" in status["message"]
-    due = timestamp(status["nextRestartTime"])
+    when = f"in {backoff}s" if backoff else "now"
+    lost = k8s.core.list_namespaced_event(
+        k8s.namespace, field_selector=f"involvedObject.name={job},reason=DriverLost"
+    ).items
+    assert any(f"restart {restarts}/" in e.message and when in e.message for e in lost)
+    # an immediate restart may be done (and its due time cleared) by the time the status is read
+    due = timestamp(status["nextRestartTime"]) if backoff else lost_at
     assert lost_at + backoff - 0.5 <= due <= lost_at + backoff + NOTICE_SECONDS
 
     # the next driver has the same name: it can only be created once the old pod is gone
@@ -660,13 +647,13 @@ def test_lost_drivers_are_replaced_with_backoff_until_max_restarts(k8s: Harness)
         },
     )
 
-    _lose_driver_and_see_it_replaced(k8s, "crashy", delete_pod, restarts=1, backoff=2)
-    _lose_driver_and_see_it_replaced(k8s, "crashy", crash_pod, restarts=2, backoff=3)  # 4, capped
+    _lose_driver_and_see_it_replaced(k8s, "crashy", delete_pod, restarts=1, backoff=0)
+    _lose_driver_and_see_it_replaced(k8s, "crashy", crash_pod, restarts=2, backoff=2)
     lost = k8s.core.list_namespaced_event(
         k8s.namespace, field_selector="involvedObject.name=crashy,reason=DriverLost"
     ).items
     assert any("exit code 3: simulated crash" in event.message for event in lost)
-    _lose_driver_and_see_it_replaced(k8s, "crashy", vanish_pod, restarts=3, backoff=3)
+    _lose_driver_and_see_it_replaced(k8s, "crashy", vanish_pod, restarts=3, backoff=3)  # 4, capped
 
     vanish_pod(k8s, k8s.running_driver("crashy"))
     status = k8s.wait_for("phase Failed", k8s.phase_is("crashy", "Failed"))

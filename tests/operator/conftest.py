@@ -49,6 +49,11 @@ RESOURCES: dict[str, dict[str, Any]] = {
         "namespaced": True,
     },
     "v1/events": {"kind": "Event", "singular": "event", "namespaced": True},
+    "policy/v1/poddisruptionbudgets": {
+        "kind": "PodDisruptionBudget",
+        "singular": "poddisruptionbudget",
+        "namespaced": True,
+    },
     # kopf waits for these two in discovery before it starts watching
     "v1/namespaces": {"kind": "Namespace", "singular": "namespace", "namespaced": False},
     "apiextensions.k8s.io/v1/customresourcedefinitions": {

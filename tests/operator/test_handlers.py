@@ -44,6 +44,8 @@ async def test_create_sets_up_children_and_driver(operator):
         ("rbac.authorization.k8s.io/v1/rolebindings", "wc-driver"),
         ("v1/configmaps", "wc-job"),
         ("v1/services", "wc-driver"),
+        ("policy/v1/poddisruptionbudgets", "wc-driver"),
+        ("policy/v1/poddisruptionbudgets", "wc-executor"),
         (PODS, "wc-driver"),
     ]:
         child = current(operator, resource, name)
@@ -128,7 +130,8 @@ async def test_deleted_driver_is_replaced_and_counted(operator):
     await wait_for(lambda: current(operator, PODS, "wc-driver"))
     await operator.delete(path(PODS, "wc-driver"))
     await wait_for(lambda: status_of(operator).get("restarts") == 1)
-    assert "was deleted" in status_of(operator)["message"]
+    (lost,) = [m for _, reason, m in events(operator) if reason == "DriverLost"]
+    assert "was deleted" in lost and "restart 1/2 now" in lost  # the first restart: at once
     await wait_for(lambda: current(operator, PODS, "wc-driver"))
 
 
@@ -176,6 +179,12 @@ async def test_spec_change_restarts_driver_only_when_needed(operator):
         lambda: "spark.executor.instances=3" in str(current(operator, PODS, "wc-driver"))
     )
     assert "instances: 3" in current(operator, "v1/configmaps", "wc-job")["data"]["job.yaml"]
+    budget = current(operator, "policy/v1/poddisruptionbudgets", "wc-executor")
+    assert budget["spec"]["minAvailable"] == 2  # follows the instances
+
+    no_budget = {"disruptionBudget": {"enabled": False}}
+    await operator.patch(path(JOBS, "wc"), json={"spec": {"executor": no_budget}})
+    await wait_for(lambda: not current(operator, "policy/v1/poddisruptionbudgets", "wc-executor"))
     assert status_of(operator)["restarts"] == 0
     reasons = [reason for _, reason, _ in events(operator)]
     assert "Restarting" in reasons
@@ -213,3 +222,79 @@ async def test_checkpoint_deletion_uses_a_finalizer_and_a_cleanup_pod(operator):
     await set_pod_status(operator, "wc-checkpoint-cleanup", "Succeeded")
     await wait_for(lambda: current(operator, JOBS, "wc") is None)
     assert "CheckpointDeleted" in [reason for _, reason, _ in events(operator)]
+
+
+async def test_pods_are_filtered_by_label_on_the_api_server(operator):
+    """kopf's `labels=` on a handler filters on the client; the watch itself asks the API
+    server for the job's driver and executor pods only (kopf's label_selectors setting)."""
+    watches = [r for r in operator["get"] if "/pods" in str(r.url) and "watch" in str(r.url)]
+    assert watches
+    for request in watches:
+        assert request.url.query.get("labelSelector") == (
+            "dstream.dev/job,dstream.dev/role in (driver,executor)"
+        )
+
+
+async def test_a_stable_run_resets_the_restart_count(operator):
+    policy = {"type": "Always", "maxRestarts": 2, "backoffSeconds": 1, "resetAfterSeconds": 1}
+    await create(operator, job_manifest(restartPolicy=policy))
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await set_pod_status(operator, "wc-driver", "Failed", terminated={"exitCode": 1})
+    await wait_for(lambda: status_of(operator).get("restarts") == 1)
+    await wait_for(lambda: current(operator, PODS, "wc-driver") is None)
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await set_pod_status(operator, "wc-driver", "Running", ready=True)
+    await wait_for(lambda: status_of(operator).get("restarts") == 0)
+    ready = next(c for c in status_of(operator)["conditions"] if c["type"] == "DriverReady")
+    assert ready["status"] == "True"
+    (reset,) = [m for _, reason, m in events(operator) if reason == "RestartCountReset"]
+    assert "ready for 1s" in reset
+
+
+def spec_hash_of(pod: dict | None) -> str | None:
+    return pod and pod["metadata"]["annotations"]["dstream.dev/spec-hash"]
+
+
+def fresh_driver(cluster, spec_hash, same: bool):
+    """The driver pod if it runs (or would run) a spec of that hash, or of another one."""
+    pod = current(cluster, PODS, "wc-driver")
+    phase = ((pod or {}).get("status") or {}).get("phase")
+    return pod if pod and phase != "Failed" and (spec_hash_of(pod) == spec_hash) == same else None
+
+
+async def test_a_changed_spec_that_never_commits_is_rolled_back(operator, driver_api):
+    """The first spec commits a batch (the driver API reports one) and becomes the stable
+    spec; a changed spec whose driver fails twice before any batch is rolled back: the next
+    driver runs the first spec again, from the same ConfigMap and checkpoint."""
+    driver_api["lastBatch"] = {"time": "2026-01-02T03:04:05+00:00", "records": 100}
+    await create(operator, job_manifest())
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await set_pod_status(operator, "wc-driver", "Running", ready=True)
+    stable = await wait_for(lambda: status_of(operator).get("stableSpecHash"))
+    assert spec_hash_of(current(operator, PODS, "wc-driver")) == stable
+
+    driver_api["lastBatch"] = None  # the new spec's drivers never get that far
+    await operator.patch(path(JOBS, "wc"), json={"spec": {"batchInterval": "2s"}})
+    for failures in (1, 2):
+        await wait_for(lambda: fresh_driver(operator, stable, same=False))
+        await set_pod_status(operator, "wc-driver", "Failed", terminated={"exitCode": 1})
+        if failures == 1:
+            await wait_for(lambda: status_of(operator).get("upgradeFailures") == 1)
+    status = await wait_for(
+        lambda: status_of(operator).get("rolledBackFrom") and status_of(operator)
+    )
+    assert status["rolledBackFrom"] != stable and status["stableSpecHash"] == stable
+    (rolled,) = [m for _, reason, m in events(operator) if reason == "RolledBack"]
+    assert "failed 2 times before committing a batch" in rolled
+    await wait_for(lambda: fresh_driver(operator, stable, same=True))
+    assert "batchInterval: 1s" in current(operator, "v1/configmaps", "wc-job")["data"]["job.yaml"]
+    assert current(operator, JOBS, "wc")["spec"]["batchInterval"] == "2s"  # the user's, kept
+    await set_pod_status(operator, "wc-driver", "Running", ready=True)
+    running = await wait_for(
+        lambda: status_of(operator).get("phase") == "Running" and status_of(operator)
+    )
+    assert running["message"].startswith("rolled back")
+
+    await operator.patch(path(JOBS, "wc"), json={"spec": {"batchInterval": "3s"}})
+    await wait_for(lambda: fresh_driver(operator, stable, same=False))  # a new spec's chance
+    assert "rolledBackFrom" not in status_of(operator)

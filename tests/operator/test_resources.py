@@ -10,7 +10,8 @@ import pytest
 import yaml
 from dstream.spec import parse_job
 from dstream_operator import resources
-from dstream_operator.resources import Owner
+from dstream_operator.main import parse_args, ui_ingress
+from dstream_operator.resources import Owner, Platform
 
 OWNER = Owner("wc", "jobs", "uid-1")
 
@@ -38,9 +39,17 @@ def conf_of(pod) -> dict[str, str]:
 
 
 def test_children_are_owned_labelled_and_ordered():
-    kinds = [c["kind"] for c in resources.children(job(), OWNER)]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service"]
-    for child in resources.children(job(), OWNER):
+    kinds = [c["kind"] for c in resources.children(job(), OWNER, Platform())]
+    assert kinds == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ConfigMap",
+        "Service",
+        "PodDisruptionBudget",
+        "PodDisruptionBudget",
+    ]
+    for child in resources.children(job(), OWNER, Platform()):
         meta = child["metadata"]
         assert meta["namespace"] == "jobs"
         assert meta["labels"]["dstream.dev/job"] == "wc"
@@ -61,16 +70,19 @@ def test_role_is_namespaced_and_minimal():
     (rule,) = role["rules"]
     assert rule["apiGroups"] == [""]
     assert rule["resources"] == ["pods", "services", "configmaps", "persistentvolumeclaims"]
-    binding = resources.role_binding(OWNER)
+    binding = resources.role_binding(job(), OWNER)
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"][0]["namespace"] == "jobs"
 
 
-def test_service_is_headless_with_spark_and_api_ports():
+def test_service_is_headless_with_spark_api_and_ui_ports():
     spec = resources.service(OWNER)["spec"]
     assert spec["clusterIP"] == "None"
     assert spec["publishNotReadyAddresses"] is True
-    assert {p["port"] for p in spec["ports"]} == {7078, 7079, 8000}
+    assert {p["port"] for p in spec["ports"]} == {7078, 7079, 8000, 4040}
+    ports = resources.driver_pod(job(), OWNER, "service")["spec"]["containers"][0]["ports"]
+    assert {"name": "http-spark-ui", "containerPort": 4040} in ports
+    assert conf_of(resources.driver_pod(job(), OWNER, "service"))["spark.ui.port"] == "4040"
     assert spec["selector"] == {"dstream.dev/job": "wc", "dstream.dev/role": "driver"}
 
 
@@ -208,6 +220,8 @@ def test_only_driver_fields_need_a_restart():
 
 def test_spec_hash_ignores_operator_only_fields():
     assert resources.spec_hash(job()) == resources.spec_hash(job(suspend=True))
+    no_budget = {"disruptionBudget": {"enabled": False}}
+    assert resources.spec_hash(job()) == resources.spec_hash(job(executor=no_budget))
     assert resources.spec_hash(job()) != resources.spec_hash(job(batchInterval="1s"))
 
 
@@ -236,7 +250,7 @@ def test_every_object_is_valid_kubernetes():
     volumes = [{"name": "d", "mountPath": "/data", "persistentVolumeClaim": {"claimName": "d"}}]
     full = job(checkpoint={"path": "/data/ckpt"}, volumes=volumes, sparkConf={"a": "b"})
     objects = [
-        *resources.children(full, OWNER),
+        *resources.children(full, OWNER, Platform()),
         resources.driver_pod(full, OWNER, "service"),
         resources.cleanup_pod(full, OWNER, "/data/ckpt"),
         resources.event(OWNER, "Normal", "DriverCreated", "ok", datetime(2026, 1, 1, tzinfo=UTC)),
@@ -303,3 +317,56 @@ def test_a_job_without_secrets_gets_no_secret_env():
 def test_the_driver_role_reads_no_secrets():
     (rule,) = resources.role(OWNER)["rules"]
     assert "secrets" not in rule["resources"]
+
+
+@pytest.mark.parametrize("policy_version", resources.POLICY_VERSIONS)
+def test_disruption_budgets_let_one_driver_and_one_executor_go_at_a_time(policy_version):
+    """minAvailable, not maxUnavailable: the disruption controller cannot count pods whose
+    controller (the StreamingJob) has no scale subresource, and would refuse every eviction."""
+    spec_job = job(executor={"instances": 3})
+    driver, executor = (
+        resources.disruption_budget(spec_job, OWNER, role, policy_version)
+        for role in ("driver", "executor")
+    )
+    assert driver["apiVersion"] == policy_version
+    assert driver["metadata"]["name"] == "wc-driver"
+    assert driver["spec"] == {
+        "minAvailable": resources.DRIVERS - 1,
+        "selector": {"matchLabels": {"dstream.dev/job": "wc", "dstream.dev/role": "driver"}},
+    }
+    assert executor["spec"]["minAvailable"] == 2
+    assert executor["spec"]["selector"]["matchLabels"]["dstream.dev/role"] == "executor"
+    if policy_version == "policy/v1":  # the schemas start at 1.25, which dropped v1beta1
+        kubernetes_validate.validate(driver, "1.30", strict=True)
+    held = job(driver={"disruptionBudget": {"maxUnavailable": 0}})
+    assert (
+        resources.disruption_budget(held, OWNER, "driver", policy_version)["spec"]["minAvailable"]
+        == 1
+    )
+    off = job(driver={"disruptionBudget": {"enabled": False}})
+    assert resources.disruption_budget(off, OWNER, "driver", policy_version) is None
+
+
+def test_the_spark_ui_gets_an_ingress_only_when_the_operator_is_told_a_host():
+    assert "Ingress" not in [c["kind"] for c in resources.children(job(), OWNER, Platform())]
+    settings = resources.UiIngress("{job}.{namespace}.ui.example.com", "nginx", (("a", "b"),))
+    (ingress,) = [
+        c
+        for c in resources.children(job(), OWNER, Platform(ui_ingress=settings))
+        if c["kind"] == "Ingress"
+    ]
+    (rule,) = ingress["spec"]["rules"]
+    assert rule["host"] == "wc.jobs.ui.example.com"
+    (route,) = rule["http"]["paths"]
+    assert route["backend"]["service"] == {"name": "wc-driver", "port": {"number": 4040}}
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["metadata"]["annotations"] == {"a": "b"}
+    kubernetes_validate.validate(ingress, "1.30", strict=True)
+
+
+def test_ui_ingress_options():
+    args = parse_args(["-A", "--ui-ingress-host", "{job}.x", "--ui-ingress-annotation", "k=v=w"])
+    assert ui_ingress(args) == resources.UiIngress("{job}.x", None, (("k", "v=w"),))
+    assert ui_ingress(parse_args(["-A"])) is None
+    with pytest.raises(SystemExit):
+        parse_args(["-A", "--ui-ingress-annotation", "novalue"])

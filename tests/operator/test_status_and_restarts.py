@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import yaml
 from dstream.spec import RestartPolicy, parse_job
 from dstream_operator import reconcile, restarts, status
 from dstream_operator.main import parse_args
@@ -101,9 +102,9 @@ def test_transition_times_move_only_on_change():
     assert [c.last_transition_time for c in b.conditions] == [NOW, NOW]
 
 
-def test_backoff_doubles_up_to_the_cap():
+def test_the_first_restart_is_immediate_then_backoff_doubles_up_to_the_cap():
     policy = RestartPolicy(backoff_seconds=10, max_backoff_seconds=60)
-    assert [restarts.backoff_seconds(policy, n) for n in range(5)] == [10, 20, 40, 60, 60]
+    assert [restarts.backoff_seconds(policy, n) for n in range(6)] == [0, 10, 20, 40, 60, 60]
     assert restarts.backoff_seconds(policy, 10_000) == 60
 
 
@@ -111,8 +112,8 @@ def test_restart_decisions():
     failed = restarts.Termination(True, "boom")
     clean = restarts.Termination(False, "exited")
     always = RestartPolicy(type="Always", max_restarts=2, backoff_seconds=5)
-    assert restarts.decide(always, 0, clean) == restarts.Restart(5, 1)
-    assert restarts.decide(always, 1, failed) == restarts.Restart(10, 2)
+    assert restarts.decide(always, 0, clean) == restarts.Restart(0, 1)
+    assert restarts.decide(always, 1, failed) == restarts.Restart(5, 2)
     assert "maxRestarts (2) reached" in restarts.decide(always, 2, failed).reason
     on_failure = RestartPolicy(type="OnFailure")
     assert isinstance(restarts.decide(on_failure, 0, failed), restarts.Restart)
@@ -146,7 +147,7 @@ def seen(spec_job=None, driver=None, vanished=None, current=None, **kw) -> recon
         driver=driver,
         vanished=vanished,
         executors_ready=0,
-        report=None,
+        report=kw.pop("report", None),
         spec_hash=spec_hash(spec_job),
         now=NOW,
         **kw,
@@ -165,10 +166,20 @@ def test_plan_creates_a_missing_driver():
     assert step.create_driver and step.status.phase == "Starting"
 
 
-def test_plan_restarts_a_failed_driver_after_backoff():
+def test_plan_restarts_a_lost_driver_at_once_the_first_time():
     step = reconcile.plan(seen(driver=facts(phase="Failed")))
     assert step.stop_driver == reconcile.STOP_ENDED and step.restarted
-    assert step.status.restarts == 1 and step.status.phase == "Recovering"
+    assert step.status.restarts == 1 and "restart 1/10 now" in step.status.message
+    assert step.status.next_restart_time == NOW
+    assert not step.create_driver  # the pod name is free once the old pod is gone
+    assert reconcile.plan(seen(current=step.status)).create_driver
+
+
+def test_plan_restarts_a_failed_driver_after_backoff():
+    once = JobStatus(phase="Running", restarts=1)
+    step = reconcile.plan(seen(driver=facts(phase="Failed"), current=once))
+    assert step.stop_driver == reconcile.STOP_ENDED and step.restarted
+    assert step.status.restarts == 2 and step.status.phase == "Recovering"
     assert step.status.next_restart_time == NOW + timedelta(seconds=10)
     waiting = reconcile.plan(seen(current=step.status))
     assert not waiting.create_driver and waiting.status.phase == "Recovering"
@@ -284,3 +295,70 @@ def test_a_stop_is_remembered_on_a_pod_that_vanished_meanwhile():
     memory.driver = facts(uid="p2")  # the next driver is not marked
     memory.mark_stopped(ended, reconcile.STOP_ENDED)
     assert memory.driver.stop_reason is None
+
+
+def test_the_restart_count_resets_after_a_stable_run():
+    policy = {"type": "Always", "resetAfterSeconds": 60}
+    spec_job = job(restartPolicy=policy)
+    ready_since = status.Condition(
+        type="DriverReady", status="True", last_transition_time=NOW - timedelta(seconds=59)
+    )
+    recovered = JobStatus(phase="Running", restarts=3, conditions=[ready_since])
+    driver = facts(spec_hash=spec_hash(spec_job))
+    early = reconcile.plan(seen(spec_job, driver=driver, current=recovered))
+    assert early.status.restarts == 3 and not early.events
+    later = reconcile.Observation(
+        **{
+            **seen(spec_job, driver=driver, current=recovered).__dict__,
+            "now": NOW + timedelta(seconds=1),
+        }
+    )
+    step = reconcile.plan(later)
+    assert step.status.restarts == 0
+    assert [e.reason for e in step.events] == ["RestartCountReset"]
+    # a driver that is not ready, or a policy that never resets, keeps the count
+    not_ready = recovered.model_copy(
+        update={"conditions": [ready_since.model_copy(update={"status": "False"})]}
+    )
+    assert reconcile.plan(seen(spec_job, driver=driver, current=not_ready)).status.restarts == 3
+    never = job(restartPolicy={"resetAfterSeconds": 0})
+    assert not restarts.stable_since(never.spec.restart_policy, NOW - timedelta(days=9), NOW)
+
+
+def test_rollback_needs_a_stable_spec_and_can_be_turned_off():
+    changed = job(batchInterval="2s")
+    failed = facts(phase="Failed", spec_hash=spec_hash(changed))
+    stable_text = yaml.safe_dump(
+        job().model_dump(mode="json", by_alias=True, exclude_unset=True)["spec"]
+    )
+    stable = JobStatus(phase="Running", stable_spec=stable_text, stable_spec_hash="s1")
+    for current, spec_job, rolls_back in [
+        (JobStatus(phase="Running", upgrade_failures=1), changed, False),  # nothing proven yet
+        (stable.model_copy(update={"upgrade_failures": 1}), changed, True),
+        (
+            stable.model_copy(update={"upgrade_failures": 1}),
+            job(batchInterval="2s", upgrade={"rollbackOnFailure": False}),
+            False,
+        ),
+    ]:
+        step = reconcile.plan(seen(spec_job, driver=failed, current=current))
+        assert (step.status.rolled_back_from is not None) == rolls_back
+        assert ("RolledBack" in [e.reason for e in step.events]) == rolls_back
+
+
+def test_a_committed_batch_makes_the_spec_stable():
+    report = status.DriverReport("running", NOW, 0.1, 0.0, 0.1, None, None)
+    step = reconcile.plan(seen(driver=facts(), report=report))
+    assert step.status.stable_spec_hash == spec_hash(job())
+    assert (
+        parse_job(
+            {
+                "apiVersion": "dstream.dev/v1alpha1",
+                "kind": "StreamingJob",
+                "metadata": {"name": "wc"},
+                "spec": yaml.safe_load(step.status.stable_spec),
+            }
+        ).spec
+        == job().spec
+    )
+    assert reconcile.plan(seen(driver=facts())).status.stable_spec_hash is None  # no batch yet

@@ -1,0 +1,230 @@
+"""Many StreamingJobs at once on the real API server: every job gets its driver pod, a spec
+change replaces every driver, and deleting the jobs removes every pod. `make test` runs 30 jobs;
+`make operator-scale` runs the issue's 200 with one and with two operator replicas and prints the
+figures docs/operator-scale.md publishes (never asserted: the machine is shared).
+
+Times come from the objects' creationTimestamps (whole seconds) and from polling the API server
+every 0.25 s; the operator's CPU and memory from its process; API requests from the API server's
+own `apiserver_request_total` (all clients, this test's polling included).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import statistics
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.k8s import test_operator
+from tests.k8s.conftest import LocalCluster
+from tests.k8s.test_operator import (
+    GROUP,
+    PLURAL,
+    SPEC_HASH,
+    VERSION,
+    Harness,
+    OperatorProcess,
+    Release,
+    job_manifest,
+)
+
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(1800)]
+
+chart_crds = test_operator.chart_crds
+namespace = test_operator.namespace
+chart_release = test_operator.chart_release
+
+JOBS = int(os.environ.get("DSTREAM_SCALE_JOBS", "30"))
+REPLICAS = int(os.environ.get("DSTREAM_SCALE_REPLICAS", "1"))
+POLL_SECONDS = 0.25
+CLIENTS = 8  # concurrent creates/patches/deletes: "applied at once"
+
+
+def seconds_per_job() -> float:
+    """Waiting budget: generous, as the point is to measure, not to race."""
+    return max(120.0, JOBS * 1.5)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def api_requests(api: client.ApiClient) -> float:
+    """Requests the API server has served so far (its own counter, every client)."""
+    bearer = api.configuration.auth_settings().get("BearerToken")
+    headers = {"Authorization": bearer["value"]} if bearer and bearer["value"] else {}
+    response = api.rest_client.request("GET", f"{api.configuration.host}/metrics", headers=headers)
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(response.read().decode())
+        for sample in family.samples
+        if sample.name == "apiserver_request_total"
+    )
+
+
+def in_parallel(action: Callable[[str], Any], names: list[str]) -> None:
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        list(pool.map(action, names))
+
+
+def stamp(obj_time: datetime) -> float:
+    return obj_time.timestamp()
+
+
+def until(what: str, condition: Callable[[], bool], timeout: float) -> float:
+    """Poll until true; return the wall-clock time it was first seen true."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout:.0f}s: {what}"
+        time.sleep(POLL_SECONDS)
+    return time.time()
+
+
+def _where_the_time_goes(
+    core: client.CoreV1Api,
+    namespace: str,
+    jobs: dict[str, dict[str, Any]],
+    pods: dict[str, client.V1Pod],
+) -> str:
+    """p50/p99 of each step from a job's creation to its driver pod: the operator creating the
+    driver's ServiceAccount, Kubernetes 1.20's token controller giving it a token Secret (the
+    API server refuses the pod until then), and the operator creating the pod."""
+    accounts = {a.metadata.name: a for a in core.list_namespaced_service_account(namespace).items}
+    tokens = {
+        (s.metadata.annotations or {}).get("kubernetes.io/service-account.name"): s
+        for s in core.list_namespaced_secret(namespace).items
+        if s.type == "kubernetes.io/service-account-token"
+    }
+    steps: dict[str, list[float]] = {"to_account": [], "to_token": [], "to_pod": []}
+    for name, job in jobs.items():
+        account, token = accounts[f"{name}-driver"], tokens.get(f"{name}-driver")
+        if token is None:
+            continue
+        job_created = datetime.fromisoformat(job["metadata"]["creationTimestamp"]).timestamp()
+        times = [
+            job_created,
+            stamp(account.metadata.creation_timestamp),
+            stamp(token.metadata.creation_timestamp),
+            stamp(pods[name].metadata.creation_timestamp),
+        ]
+        for key, start, end in zip(steps, times, times[1:], strict=False):
+            steps[key].append(end - start)
+    return " ".join(
+        f"{key}_p50={statistics.median(values):.0f}s {key}_p99={percentile(values, 0.99):.0f}s"
+        for key, values in steps.items()
+        if values
+    )
+
+
+def test_many_jobs_get_drivers_change_and_go(
+    k8s_cluster: LocalCluster, namespace: str, chart_release: Release, tmp_path: Path
+):
+    operators = [
+        OperatorProcess(chart_release.args, chart_release.kubeconfig, tmp_path / f"op{i}.log")
+        for i in range(REPLICAS)
+    ]
+    k8s = Harness(k8s_cluster, namespace, operators[0])
+    custom, core = k8s.custom, k8s.core
+    names = [f"scale-{i:03d}" for i in range(JOBS)]
+    try:
+        for operator in operators:
+            operator.start()
+        leader = next(
+            o
+            for o in k8s.wait_for(
+                "a leader", lambda: [o for o in operators if o.metric("dstream_operator_leader")]
+            )
+        )
+        k8s.operator = leader
+        process = psutil.Process(leader.process.pid)
+        cpu_before = sum(process.cpu_times()[:2])
+        requests_before, started = api_requests(k8s_cluster.api_client), time.time()
+
+        def create(name: str) -> None:
+            body = job_manifest(name, driver={"cores": 1, "memory": "512m"})
+            custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+        def drivers() -> dict[str, client.V1Pod]:
+            pods = core.list_namespaced_pod(namespace, label_selector="dstream.dev/role=driver")
+            return {p.metadata.labels["dstream.dev/job"]: p for p in pods.items}
+
+        in_parallel(create, names)
+        until("every job's driver pod", lambda: len(drivers()) == JOBS, seconds_per_job())
+        jobs = {
+            j["metadata"]["name"]: j
+            for j in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)[
+                "items"
+            ]
+        }
+        pods = drivers()
+        created = [
+            stamp(pods[n].metadata.creation_timestamp)
+            - datetime.fromisoformat(jobs[n]["metadata"]["creationTimestamp"]).timestamp()
+            for n in names
+        ]
+
+        phases = _where_the_time_goes(core, namespace, jobs, pods)
+
+        def statuses_name_their_driver() -> bool:
+            items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+            return all((j.get("status") or {}).get("driverPod") for j in items["items"])
+
+        status_seen = until("every status names its driver", statuses_name_their_driver, 300)
+        status_lag = status_seen - max(stamp(p.metadata.creation_timestamp) for p in pods.values())
+
+        old_hashes = {n: p.metadata.annotations[SPEC_HASH] for n, p in pods.items()}
+        changed_at = time.time()
+        in_parallel(
+            lambda n: k8s.patch_spec(n, {"executor": {"instances": 2}}),
+            names,
+        )
+
+        def all_replaced() -> bool:
+            now = drivers()
+            return len(now) == JOBS and all(
+                p.metadata.annotations[SPEC_HASH] != old_hashes[n]
+                and not p.metadata.deletion_timestamp
+                for n, p in now.items()
+            )
+
+        replaced = until("every driver replaced for the change", all_replaced, seconds_per_job())
+        rss_mib = process.memory_info().rss / 2**20
+        cpu_seconds = sum(process.cpu_times()[:2]) - cpu_before
+        requests = api_requests(k8s_cluster.api_client) - requests_before
+        busy = time.time() - started
+
+        deleted_at = time.time()
+        in_parallel(k8s.delete_job, names)
+        gone = until(
+            "every job pod gone",
+            lambda: not core.list_namespaced_pod(namespace, label_selector="dstream.dev/job").items,
+            seconds_per_job(),
+        )
+        summary = (
+            f"operator-scale: jobs={JOBS} replicas={REPLICAS} "
+            f"apply_to_pod_p50={statistics.median(created):.0f}s "
+            f"apply_to_pod_p99={percentile(created, 0.99):.0f}s {phases} "
+            f"status_after_last_pod={status_lag:.1f}s "
+            f"change_all_replaced={replaced - changed_at:.1f}s "
+            f"delete_all_gone={gone - deleted_at:.1f}s "
+            f"operator_rss={rss_mib:.0f}MiB operator_cpu={cpu_seconds:.1f}s "
+            f"api_requests_per_s={requests / busy:.1f}"
+        )
+        print(summary)
+        assert leader.running()
+        standbys = [o for o in operators if o is not leader]
+        assert not [o for o in standbys if o.metric("dstream_operator_leader")]
+    finally:
+        for operator in operators:
+            operator.stop()
+        test_operator._remove_jobs(k8s)
