@@ -14,7 +14,15 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from confluent_kafka import KafkaException
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from servers import Server, accepts_connections, free_port
 
@@ -135,3 +143,68 @@ class KafkaServer(Server):
     def add_partitions(self, name: str, total: int) -> None:
         admin = self.admin()
         admin.create_partitions([NewPartitions(name, total)])[name].result(30)
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    values: list[str | bytes],
+    partition: int | None = None,
+    keys: list[str] | None = None,
+) -> None:
+    """Write values (to one partition, or by key, or round-robin) and wait for every ack."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for i, value in enumerate(values):
+        where = {} if partition is None else {"partition": partition}
+        key = keys[i] if keys is not None else None
+        producer.produce(topic, value=value, key=key, **where)
+        if i % 1000 == 0:
+            producer.poll(0)
+    assert producer.flush(30) == 0, f"unacknowledged records to {topic}"
+
+
+def transaction(bootstrap: str, topic: str, values: list[str], commit: bool, partition: int = 0):
+    """One transaction of values into one partition, committed or aborted."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": f"test-{uuid.uuid4().hex[:8]}"}
+    )
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for value in values:
+        producer.produce(topic, value=value, partition=partition)
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.flush(30)
+        producer.abort_transaction(30)
+
+
+def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Message]:
+    """Every message of a topic as a consumer with `isolation` sees it, up to its end."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-reader-{uuid.uuid4().hex[:8]}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    metadata = consumer.list_topics(topic, timeout=30)
+    partitions = [
+        TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.topics[topic].partitions
+    ]
+    consumer.assign(partitions)
+    found, ended = [], set()
+    while len(ended) < len(partitions):
+        message = consumer.poll(10)
+        assert message is not None, f"no end of {topic} within 10 s"
+        if message.error() is None:
+            found.append(message)
+        elif message.error().code() == KafkaError._PARTITION_EOF:
+            ended.add(message.partition())
+        else:
+            raise KafkaException(message.error())
+    consumer.close()
+    return found

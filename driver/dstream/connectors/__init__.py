@@ -15,6 +15,7 @@ from pyspark import RDD
 
 from dstream.connectors.console import console_sink
 from dstream.connectors.files import files_sink, files_source
+from dstream.connectors.kafka import kafka_sink, kafka_source
 from dstream.connectors.nats import nats_source
 from dstream.connectors.postgres import postgres_sink
 from dstream.connectors.rate import rate_source
@@ -32,6 +33,7 @@ SOURCES: dict[str, Callable[[StreamingContext, Source], InputDStream]] = {
     "files": files_source,
     "redis": redis_source,
     "nats": nats_source,
+    "kafka": kafka_source,
 }
 
 # A sink factory takes the job and the index of the app's output stream it writes: a job may
@@ -40,6 +42,7 @@ SINKS: dict[str, Callable[[StreamingJob, int], Sink]] = {
     "files": files_sink,
     "console": console_sink,
     "postgres": postgres_sink,
+    "kafka": kafka_sink,
 }
 
 
