@@ -436,6 +436,12 @@ class KafkaSink(KafkaConnection):
     key_field: str | None = Field(
         None, min_length=1, description="A dict record's field written as the message key."
     )
+    commit_topic: str = Field(
+        "dstream-commits",
+        pattern=r"^[A-Za-z0-9._-]{1,249}$",
+        description="exactlyOnce: the compacted topic where each batch's commit record goes, "
+        "in the batch's transaction (created when missing).",
+    )
 
 
 class Sink(SpecModel):

@@ -26,13 +26,18 @@ the source, `enable.idempotence=true` for every producer (off by default in libr
 
 The sink writes each batch of an output stream in ONE Kafka transaction, from the driver, as the
 PostgreSQL sink does (and for the same reason: one transaction per batch needs one producer). Its
-`transactional.id` is derived from job and output, so a restarted driver's producer fences the
-killed one's and aborts its open transaction (`init_transactions`). Idempotence per batch: the
-transaction also commits, through `send_offsets_to_transaction`, the batch time as the offset of
-a dedicated consumer group (`dstream-<job>-sink-<output>`); a batch whose time is at or before
-that group's committed offset was committed already, and writes nothing. Records and marker
-commit or abort together, so a read_committed consumer sees every batch exactly once.
-`delivery: atLeastOnce` uses the idempotent producer without transactions.
+`transactional.id` is derived from job, topic and output, so a restarted driver's producer fences
+the killed one's and aborts its open transaction (`init_transactions`). Idempotence per batch:
+the same transaction writes a commit record (key job/topic/output, value the batch time) into the
+compacted `commitTopic`; a batch whose time is at or before the newest committed record under its
+key was committed already, and writes nothing. Records and commit record commit or abort
+together, so a read_committed consumer sees every batch exactly once. Why a commit topic rather
+than `send_offsets_to_transaction` to a dedicated consumer group: after a broker restart,
+librdkafka 2.16's send_offsets_to_transaction was seen to block past its own timeout while the
+group coordinator came back (tests/connectors/test_kafka_sink.py restarts the broker), where a
+record in a topic needs only the partition leader and the transaction coordinator that every
+transaction needs anyway. `delivery: atLeastOnce` uses the idempotent producer without
+transactions.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import (
+    OFFSET_BEGINNING,
     Consumer,
     IsolationLevel,
     KafkaError,
@@ -55,7 +61,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from pyspark import RDD, Accumulator
 
 from dstream.checkpoint import write_atomically
@@ -79,6 +85,7 @@ QUEUED_KBYTES = 16_384  # librdkafka's prefetch queue per task (its default is 6
 REQUEST_TIMEOUT_S = 10.0
 EARLIEST, LATEST = -2, -1  # Structured Streaming's codes in per-partition startingOffsets
 BATCH_TIME_HEADER = "dstream-batch-time"
+COMMIT_READ_S = 180.0  # reading the sink's commit topic: above Kafka's transaction timeouts
 
 Partition = tuple[str, int]
 
@@ -599,10 +606,10 @@ class KafkaSink:
         self.settings = settings
         self.output = output
         self.transactional_id = f"dstream-{job}-{settings.topic}-{output}"
-        self.marker_group = f"dstream-{job}-sink-{output}"
+        self.commit_key = f"{job}/{settings.topic}/{output}".encode()
         self._config = client_config(settings)
         self._producer: Producer | None = None
-        self._committed_ms: int | None = None  # the marker group's batch time, once read
+        self._committed_ms: int | None = None  # the last committed batch's time, once read
 
     def __call__(self, time: datetime, rdd: RDD) -> None:
         batch_ms = time_to_ms(time)
@@ -633,7 +640,8 @@ class KafkaSink:
         self._committed_ms = None
 
     def write_transaction(self, batch_ms: int, records: list[Any]) -> None:
-        """Records and the batch's marker in one transaction; nothing if the marker is there."""
+        """Records and the batch's commit record in one transaction; nothing if the batch's
+        commit record is there already."""
         producer = self.producer(transactional=True)  # fences a killed driver's producer first
         if batch_ms <= self.committed_ms():
             log.info("batch %s already committed to %s", batch_ms, self.settings.topic)
@@ -641,9 +649,12 @@ class KafkaSink:
         producer.begin_transaction()
         try:
             self.produce_all(producer, batch_ms, records)
-            marker = [TopicPartition(self.settings.topic, 0, batch_ms)]
-            producer.send_offsets_to_transaction(
-                marker, self.marker_metadata(), REQUEST_TIMEOUT_S * 3
+            commit = {"batchTimeMs": batch_ms, "records": len(records)}
+            producer.produce(
+                self.settings.commit_topic,
+                key=self.commit_key,
+                value=json.dumps(commit).encode(),
+                partition=0,
             )
             producer.commit_transaction(REQUEST_TIMEOUT_S * 3)
         except (KafkaException, BufferError):
@@ -654,11 +665,9 @@ class KafkaSink:
     def write_idempotent(self, batch_ms: int, records: list[Any]) -> None:
         producer = self.producer(transactional=False)
         self.produce_all(producer, batch_ms, records)
-        left = producer.flush(REQUEST_TIMEOUT_S * 3)
-        if left:
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{left} records unsent"))
 
     def produce_all(self, producer: Producer, batch_ms: int, records: list[Any]) -> None:
+        """Send the records and wait for every acknowledgement; KafkaException if one failed."""
         header = [(BATCH_TIME_HEADER, datetime.fromtimestamp(batch_ms / 1000, UTC).isoformat())]
         failed: list[KafkaError] = []
 
@@ -681,34 +690,31 @@ class KafkaSink:
                 except BufferError:  # the local queue is full: let deliveries drain it
                     producer.poll(0.1)
             producer.poll(0)
-        if producer.flush(REQUEST_TIMEOUT_S * 3) or failed:
-            first = failed[0] if failed else KafkaError(KafkaError._TIMED_OUT)
+        left = producer.flush(REQUEST_TIMEOUT_S * 3)
+        if left or failed:
+            first = failed[0] if failed else KafkaError(KafkaError._TIMED_OUT, f"{left} unsent")
             raise KafkaException(first)
 
     def committed_ms(self) -> int:
-        """The time of the last batch this output committed (-1: none), from the marker group."""
+        """The time of the last batch this output committed (-1: none), read once per producer
+        from the commit topic (created when missing)."""
         if self._committed_ms is None:
-            consumer = self.marker_consumer()
-            try:
-                [found] = consumer.committed(
-                    [TopicPartition(self.settings.topic, 0)], timeout=REQUEST_TIMEOUT_S * 3
-                )
-            finally:
-                consumer.close()
-            self._committed_ms = found.offset if found.offset >= 0 else -1
+            self.create_commit_topic()
+            self._committed_ms = last_commit(
+                self._config, self.settings.commit_topic, self.commit_key
+            )
         return self._committed_ms
 
-    def marker_consumer(self) -> Consumer:
-        return Consumer(
-            {**self._config, "group.id": self.marker_group, "enable.auto.commit": False}
+    def create_commit_topic(self) -> None:
+        admin = AdminClient(self._config)
+        topic = NewTopic(
+            self.settings.commit_topic, num_partitions=1, config={"cleanup.policy": "compact"}
         )
-
-    def marker_metadata(self) -> Any:
-        consumer = self.marker_consumer()
         try:
-            return consumer.consumer_group_metadata()
-        finally:
-            consumer.close()
+            admin.create_topics([topic])[self.settings.commit_topic].result(REQUEST_TIMEOUT_S * 3)
+        except KafkaException as error:
+            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
 
     @staticmethod
     def abort(producer: Producer) -> None:
@@ -716,6 +722,47 @@ class KafkaSink:
             producer.abort_transaction(REQUEST_TIMEOUT_S)
         except KafkaException as error:
             log.warning("aborting the kafka transaction failed (%s); the next one fences it", error)
+
+
+def last_commit(config: dict[str, Any], topic: str, key: bytes) -> int:
+    """The newest batch time committed under `key` in the commit topic, read as read_committed
+    up to the end the topic had when asked: the writer's own zombie transaction is aborted by
+    then (init_transactions), and another writer's open one ends within its transaction timeout,
+    so the wait for it is bounded."""
+    consumer = Consumer(
+        {
+            **config,
+            "group.id": "dstream-commit-reader",  # never joined nor committed: assign only
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        partition = TopicPartition(topic, 0, OFFSET_BEGINNING)
+        _low, end = consumer.get_watermark_offsets(partition, timeout=REQUEST_TIMEOUT_S)
+        consumer.assign([partition])
+        newest, deadline = -1, time.monotonic() + COMMIT_READ_S
+        while end > 0:
+            message = consumer.poll(1.0)
+            if time.monotonic() > deadline:
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"reading {topic}"))
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF and message.offset() >= end:
+                    break
+                if error.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(error)
+                continue
+            if message.key() == key:
+                newest = max(newest, json.loads(message.value())["batchTimeMs"])
+            if message.offset() + 1 >= end:
+                break
+        return newest
+    finally:
+        consumer.close()
 
 
 def kafka_sink(job: StreamingJob, output: int) -> KafkaSink:
