@@ -48,8 +48,8 @@ test: setup debian-packages kafka
 test-fast: setup
 	$(BIN)/python -m pytest -ra -m "not k8s and not slow"
 
-# The connectors' exactly-once run at the issue's full size: 200,000 records into Redis and into
-# JetStream, the driver SIGKILLed three times, the broker restarted (make test runs a small one).
+# The connectors' exactly-once run at the issue's full size: 200,000 records into Redis, JetStream
+# and Kafka, the driver SIGKILLed three times, the broker restarted (make test runs a small one).
 exactly-once: setup debian-packages kafka
 	DSTREAM_E2E_RECORDS=200000 DSTREAM_E2E_RATE=2000 DSTREAM_E2E_KILLS=3 \
 		$(BIN)/python -m pytest -ra tests/connectors/test_exactly_once.py
