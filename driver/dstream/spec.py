@@ -254,13 +254,13 @@ class KafkaConnection(SpecModel):
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     username: str | None = Field(None, min_length=1, description="SASL user")
     password_secret: SecretKeyRef | None = None
-    properties: dict[str, str] = Field(
+    client_properties: dict[str, str] = Field(
         default_factory=dict,
         description="librdkafka client properties passed through (e.g. ssl.ca.location, "
         "fetch.max.bytes); the ones the connector sets itself are refused.",
     )
 
-    @field_validator("properties")
+    @field_validator("client_properties")
     @classmethod
     def _not_our_own(cls, properties: dict[str, str]) -> dict[str, str]:
         own = sorted(KAFKA_OWN_PROPERTIES & set(properties))

@@ -115,8 +115,12 @@ def test_a_broker_restart_between_batches_is_ridden_out(kafka_server, sc):
             "delivery: Input should be 'exactlyOnce' or 'atLeastOnce'",
         ),
         (
-            {"bootstrapServers": "h:9092", "topic": "t", "properties": {"transactional.id": "x"}},
-            "properties: Value error, 'transactional.id' is set by the connector",
+            {
+                "bootstrapServers": "h:9092",
+                "topic": "t",
+                "clientProperties": {"transactional.id": "x"},
+            },
+            "clientProperties: Value error, 'transactional.id' is set by the connector",
         ),
     ],
 )

@@ -327,8 +327,8 @@ def job_with_source(kafka: dict) -> dict:
             "onDataLoss: Input should be 'fail' or 'skip'",
         ),
         (
-            {"bootstrapServers": "h:9092", "topics": ["t"], "properties": {"group.id": "g"}},
-            "properties: Value error, 'group.id' is set by the connector",
+            {"bootstrapServers": "h:9092", "topics": ["t"], "clientProperties": {"group.id": "g"}},
+            "clientProperties: Value error, 'group.id' is set by the connector",
         ),
         (
             {"bootstrapServers": "h:9092", "topics": ["t"], "securityProtocol": "SASL_SSL"},

@@ -94,7 +94,7 @@ def client_config(settings: KafkaConnection) -> dict[str, Any]:
     """librdkafka settings for connecting and logging in; the password (passwordSecret) comes
     from the environment, on the driver as in tasks, and never travels in a task closure."""
     config: dict[str, Any] = {
-        **settings.properties,
+        **settings.client_properties,
         "logger": CLIENT_LOG,
         "log_level": 2,
         "bootstrap.servers": settings.bootstrap_servers,
