@@ -97,20 +97,15 @@ class KafkaServer(Server):
         """Write the configuration and format the storage (Kafka's `kafka-storage format`)."""
         self.config.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        subprocess.run(
-            [
-                *self.java(),
-                "kafka.tools.StorageTool",
-                "format",
-                "-t",
-                cluster_id,
-                "-c",
-                str(self.config),
-            ],
-            check=True,
+        done = subprocess.run(
+            # `=`: a random ID may start with "-", which would read as an option
+            [*self.java(), "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}"]
+            + ["--config", str(self.config)],
             capture_output=True,
+            text=True,
             timeout=120,
         )
+        assert done.returncode == 0, f"kafka-storage format failed: {done.stdout}{done.stderr}"
 
     def java(self) -> list[str]:
         return ["java", *JVM_OPTIONS, "-cp", f"{self.libs}/*"]

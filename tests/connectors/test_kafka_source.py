@@ -402,3 +402,27 @@ def assert_group_committed(kafka_server, group: str, topic: str, total: int) -> 
         wait_for(lambda: committed() == total, 30, f"group {group} committed {total} offsets")
     finally:
         consumer.close()
+
+
+def test_a_deleted_topic_stops_the_job_or_with_a_pattern_and_skip_is_dropped(ssc, kafka_server):
+    prefix = f"gone{uuid.uuid4().hex[:6]}"
+    for suffix in ("a", "b"):
+        kafka_server.create_topic(f"{prefix}.{suffix}")
+        produce(kafka_server.bootstrap, f"{prefix}.{suffix}", [suffix])
+    listed = source_for(ssc, kafka_server, f"{prefix}.a")
+    matched = source_for(ssc, kafka_server, topicPattern=rf"{prefix}\..*")
+    skipping = source_for(ssc, kafka_server, topicPattern=rf"{prefix}\..*", onDataLoss="skip")
+    for source in (listed, matched, skipping):
+        source.plan(1000, None)
+    admin = kafka_server.admin()
+    admin.delete_topics([f"{prefix}.a"])[f"{prefix}.a"].result(30)
+    from servers import wait_for
+
+    wait_for(lambda: f"{prefix}.a" not in admin.list_topics(timeout=10).topics, 30, "deleted")
+    with pytest.raises(SourceError, match=rf"topic '{prefix}\.a' was deleted"):
+        listed.plan(2000, None)
+    with pytest.raises(SourceError, match=rf"{prefix}\.a-0 .* is gone: topic {prefix}\.a was"):
+        matched.plan(2000, None)
+    produce(kafka_server.bootstrap, f"{prefix}.b", ["b2"])
+    skipping.plan(2000, None)
+    assert skipping.compute(2000).collect() == ["b2"]

@@ -163,7 +163,8 @@ class KafkaInputDStream(InputDStream):
         self._malformed = ssc.sparkContext.accumulator(0)
         self.lost_records = 0
         self._connect()
-        self._starts = self._starting_positions(self._partitions(at_start=True))
+        # at start, one attempt: a job pointed at the wrong servers should say so at once
+        self._starts = self._starting_positions(self._partitions(patience=0, at_start=True), 0)
         ssc.addStreamingListener(self)
 
     # -- connections ----------------------------------------------------------------------
@@ -186,13 +187,20 @@ class KafkaInputDStream(InputDStream):
         self._connect()
         ssc.addStreamingListener(self)
 
-    def _request(self, call: Any) -> Any:
-        """A broker request on the driver, as a SourceError when it fails for good."""
-        try:
-            return call()
-        except KafkaException as error:
-            self._admin.poll(0)  # serves the error callback, which may know the cause
-            raise broker_error(self.settings.bootstrap_servers, error, self._watch) from None
+    def _request(self, call: Any, patience: float) -> Any:
+        """A broker request on the driver, asked again (a broker restarting, a leader moving)
+        for up to `patience` seconds; then, or at once for a refused login, a SourceError."""
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                return call()
+            except KafkaException as error:
+                self._admin.poll(0)  # serves the error callback, which may know the cause
+                if self._watch.refused is not None or time.monotonic() > deadline:
+                    raise broker_error(
+                        self.settings.bootstrap_servers, error, self._watch
+                    ) from None
+            time.sleep(0.5)
 
     @property
     def malformed_records(self) -> int:
@@ -205,9 +213,11 @@ class KafkaInputDStream(InputDStream):
 
     # -- partitions and offsets -----------------------------------------------------------
 
-    def _partitions(self, at_start: bool = False) -> list[Partition]:
+    def _partitions(self, patience: float, at_start: bool = False) -> list[Partition]:
         """Every partition of the source's topics now (new ones included)."""
-        metadata = self._request(lambda: self._admin.list_topics(timeout=REQUEST_TIMEOUT_S))
+        metadata = self._request(
+            lambda: self._admin.list_topics(timeout=REQUEST_TIMEOUT_S), patience
+        )
         found: list[Partition] = []
         if self._pattern is not None:
             names = [n for n in metadata.topics if self._pattern.fullmatch(n)]
@@ -229,7 +239,9 @@ class KafkaInputDStream(InputDStream):
             )
         return f"kafka topic {name!r} was deleted at {servers} while the job read it"
 
-    def _offsets(self, partitions: list[Partition], spec: Any) -> dict[Partition, int]:
+    def _offsets(
+        self, partitions: list[Partition], spec: Any, patience: float
+    ) -> dict[Partition, int]:
         """One ListOffsets request: the offset `spec` names for each partition."""
         if not partitions:
             return {}
@@ -246,25 +258,29 @@ class KafkaInputDStream(InputDStream):
             )
             return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
 
-        return self._request(ask)
+        return self._request(ask, patience)
 
-    def _bounds(self, partitions: list[Partition]) -> dict[Partition, tuple[int, int]]:
+    def _bounds(
+        self, partitions: list[Partition], patience: float
+    ) -> dict[Partition, tuple[int, int]]:
         """(log start, end) per partition; the end is the LSO under read_committed."""
-        starts = self._offsets(partitions, OffsetSpec.earliest())
-        ends = self._offsets(partitions, OffsetSpec.latest())
+        starts = self._offsets(partitions, OffsetSpec.earliest(), patience)
+        ends = self._offsets(partitions, OffsetSpec.latest(), patience)
         return {p: (starts[p], ends[p]) for p in partitions}
 
-    def _starting_positions(self, partitions: list[Partition]) -> dict[Partition, int]:
+    def _starting_positions(
+        self, partitions: list[Partition], patience: float
+    ) -> dict[Partition, int]:
         """Where a job without a checkpoint starts, as startingOffsets says."""
         starting = starting_offsets(self.settings.starting_offsets)
-        bounds = self._bounds(partitions)
+        bounds = self._bounds(partitions, patience)
         if starting == "earliest":
             return {p: bounds[p][0] for p in partitions}
         if starting == "latest":
             return {p: bounds[p][1] for p in partitions}
         if isinstance(starting, datetime):
             ms = int(starting.timestamp() * 1000)
-            found = self._offsets(partitions, OffsetSpec.for_timestamp(ms))
+            found = self._offsets(partitions, OffsetSpec.for_timestamp(ms), patience)
             return {p: found[p] if found[p] >= 0 else bounds[p][1] for p in partitions}
         chosen = {}
         for partition in partitions:
@@ -281,9 +297,9 @@ class KafkaInputDStream(InputDStream):
         return self._starts.get(partition, bounds[0])
 
     def backlog_by_partition(self) -> dict[str, int]:
-        try:
-            partitions = self._partitions()
-            bounds = self._bounds(partitions)
+        try:  # a metrics scrape must not wait out a broker restart
+            partitions = self._partitions(patience=0)
+            bounds = self._bounds(partitions, patience=0)
         except SourceError:
             return {}
         return {
@@ -298,8 +314,8 @@ class KafkaInputDStream(InputDStream):
     # -- planning -------------------------------------------------------------------------
 
     def _next_range(self, time_ms: int, max_records: int | None) -> Any:
-        partitions = self._partitions()
-        bounds = self._bounds(partitions)
+        partitions = self._partitions(self.retry_seconds)
+        bounds = self._bounds(partitions, self.retry_seconds)
         self._check_vanished(partitions)
         lost, froms = [], {}
         for partition in partitions:
@@ -362,14 +378,14 @@ class KafkaInputDStream(InputDStream):
     def replay(self, time_ms: int, planned: Any) -> None:
         """Adopt a recorded range, after checking that the broker still holds its start."""
         recorded = sorted({(t, p) for t, p, _a, _b in planned["slices"]})
-        existing = set(self._partitions())
+        existing = set(self._partitions(self.retry_seconds))
         missing = [p for p in recorded if p not in existing]
         if missing:
             self._handle_loss(
                 [s for s in planned["slices"] if (s[0], s[1]) in missing],
                 "is gone: its topic or partition was deleted",
             )
-        bounds = self._bounds([p for p in recorded if p in existing])
+        bounds = self._bounds([p for p in recorded if p in existing], self.retry_seconds)
         self._handle_loss(
             [
                 [t, p, a, min(b, bounds[(t, p)][0])]
