@@ -319,12 +319,11 @@ class KafkaInputDStream(InputDStream):
         self._check_vanished(partitions)
         lost, froms = [], {}
         for partition in partitions:
-            start, end = bounds[partition]
-            position = self._position(partition, bounds[partition])
-            if position < start:
-                lost.append([*partition, position, start])
-                position = start
-            froms[partition] = min(position, max(end, position))
+            start = bounds[partition][0]
+            froms[partition] = self._position(partition, bounds[partition])
+            if froms[partition] < start:
+                lost.append([*partition, froms[partition], start])
+                froms[partition] = start
         self._handle_loss(lost, "was removed (retention or deletion) before this job read it")
         waiting = [max(0, bounds[p][1] - froms[p]) for p in partitions]
         cap = self.settings.max_records_per_partition
