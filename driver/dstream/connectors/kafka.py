@@ -170,10 +170,12 @@ class KafkaInputDStream(InputDStream):
     # -- connections ----------------------------------------------------------------------
 
     def _connect(self) -> None:
-        self._watch = LoginWatch()
-        config = {**client_config(self.settings), "error_cb": self._watch}
-        self._admin = AdminClient(config)
+        self._connect_admin()
         self._group: Consumer | None = None
+
+    def _connect_admin(self) -> None:
+        self._watch = LoginWatch()
+        self._admin = AdminClient({**client_config(self.settings), "error_cb": self._watch})
 
     def __getstate__(self) -> dict[str, Any]:
         """The checkpointed graph keeps no client: a restored graph opens its own (_attach)."""
@@ -201,6 +203,9 @@ class KafkaInputDStream(InputDStream):
                         self.settings.bootstrap_servers, error, self._watch
                     ) from None
             time.sleep(0.5)
+            # a new client: after a broker restart the old one's cached leader epochs were
+            # seen refused (FENCED_LEADER_EPOCH) for as long as it was asked
+            self._connect_admin()
 
     @property
     def malformed_records(self) -> int:
