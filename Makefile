@@ -56,9 +56,10 @@ exactly-once: setup debian-packages kafka
 
 # The soak (docs/fault-tolerance.md): 20 driver kills, 20 executor kills and a 20 s sink outage
 # on local-cluster[2,1,1024] while input arrives, output checked exactly against it, for each
-# feed: files -> files, Redis Streams -> PostgreSQL (make test: the redis feed, 3 + 3, 5 s).
+# feed: files -> files, Redis Streams -> PostgreSQL, Kafka -> Kafka (make test: the redis feed,
+# 3 + 3, 5 s).
 soak: setup debian-packages kafka
-	SOAK_FEEDS=files,redis SOAK_DRIVER_KILLS=20 SOAK_EXECUTOR_KILLS=20 SOAK_OUTAGE_S=20 \
+	SOAK_FEEDS=files,redis,kafka SOAK_DRIVER_KILLS=20 SOAK_EXECUTOR_KILLS=20 SOAK_OUTAGE_S=20 \
 		$(BIN)/python -m pytest -s -ra tests/fault/test_soak.py
 
 # Chaos end-to-end on the offline cluster with a real node (e2e/README.md; kind: bash e2e/kind.sh).

@@ -203,3 +203,34 @@ def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> l
             raise KafkaException(message.error())
     consumer.close()
     return found
+
+
+def read_range(bootstrap: str, topic: str, partition: int, start: int, until: int) -> list[Message]:
+    """The committed messages of offsets [start, until) of one partition, read back (a test's
+    reference for what a recorded range holds)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "test-range-reader",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.assign([TopicPartition(topic, partition, start)])
+    found: list[Message] = []
+    try:
+        while start < until:
+            message = consumer.poll(10)
+            assert message is not None, f"{topic}-{partition} not read to {until} within 10 s"
+            error = message.error()
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                break
+            if error is not None:
+                raise KafkaException(error)
+            if message.offset() >= until:
+                break
+            found.append(message)
+    finally:
+        consumer.close()
+    return found
