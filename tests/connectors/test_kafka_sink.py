@@ -12,6 +12,7 @@ from dstream.connectors.kafka import BATCH_TIME_HEADER, KafkaSink
 from dstream.spec import KafkaSink as KafkaSinkSettings
 from dstream.spec import SpecError, parse_job
 from kafka_server import read_all
+from running_driver import manifest
 from streams import manual_context, run_batches
 
 JOB = "kafkatest"
@@ -125,17 +126,7 @@ def test_a_broker_restart_between_batches_is_ridden_out(kafka_server, sc):
     ],
 )
 def test_every_sink_spec_error_names_its_field(kafka, problem):
-    job = {
-        "apiVersion": "dstream.dev/v1alpha1",
-        "kind": "StreamingJob",
-        "metadata": {"name": "kafka-out"},
-        "spec": {
-            "batchInterval": "1s",
-            "app": {"builtin": "wordcount"},
-            "source": {"type": "rate", "rate": {"recordsPerSecond": 10}},
-            "sink": {"type": "kafka", "kafka": kafka},
-        },
-    }
+    job = kafka_job({"type": "rate", "rate": {"recordsPerSecond": 10}}, kafka)
     with pytest.raises(SpecError) as raised:
         parse_job(job)
     assert any(problem in p for p in raised.value.problems), raised.value.problems
@@ -143,32 +134,16 @@ def test_every_sink_spec_error_names_its_field(kafka, problem):
 
 def test_source_and_sink_cannot_name_two_password_secrets():
     login = {"securityProtocol": "SASL_SSL", "saslMechanism": "PLAIN", "username": "u"}
-    job = {
-        "apiVersion": "dstream.dev/v1alpha1",
-        "kind": "StreamingJob",
-        "metadata": {"name": "kafka-both"},
-        "spec": {
-            "batchInterval": "1s",
-            "app": {"builtin": "wordcount"},
-            "source": {
-                "type": "kafka",
-                "kafka": {
-                    "bootstrapServers": "h:9092",
-                    "topics": ["in"],
-                    **login,
-                    "passwordSecret": {"name": "a", "key": "p"},
-                },
-            },
-            "sink": {
-                "type": "kafka",
-                "kafka": {
-                    "bootstrapServers": "h:9092",
-                    "topic": "out",
-                    **login,
-                    "passwordSecret": {"name": "b", "key": "p"},
-                },
-            },
-        },
-    }
+    source = {"bootstrapServers": "h:9092", "topics": ["in"], **login}
+    sink = {"bootstrapServers": "h:9092", "topic": "out", **login}
+    job = kafka_job(
+        {"type": "kafka", "kafka": {**source, "passwordSecret": {"name": "a", "key": "p"}}},
+        {**sink, "passwordSecret": {"name": "b", "key": "p"}},
+    )
     with pytest.raises(SpecError, match="different passwordSecrets.*DSTREAM_KAFKA_PASSWORD"):
         parse_job(job)
+
+
+def kafka_job(source: dict, sink_kafka: dict) -> dict:
+    spec = {"batchInterval": "1s", "app": {"builtin": "wordcount"}, "source": source}
+    return manifest("kafka-out", {**spec, "sink": {"type": "kafka", "kafka": sink_kafka}})

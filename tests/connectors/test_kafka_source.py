@@ -4,9 +4,6 @@ and replays, transactions, data loss, new partitions, bad input, and every error
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -19,6 +16,7 @@ from dstream.metrics import StreamingMetrics
 from dstream.sources import SourceError
 from dstream.spec import KafkaSource, SpecError, parse_job, password_env
 from kafka_server import SASL_PASSWORD, SASL_USER, produce, transaction
+from running_driver import manifest, run_until_exit
 from streams import run_batches
 
 
@@ -274,16 +272,10 @@ def test_an_unreachable_broker_an_unknown_topic_and_a_refused_login_are_named(
 
 
 def job_with_source(kafka: dict) -> dict:
-    return {
-        "apiVersion": "dstream.dev/v1alpha1",
-        "kind": "StreamingJob",
-        "metadata": {"name": "kafka-job"},
-        "spec": {
-            "batchInterval": "1s",
-            "app": {"builtin": "wordcount"},
-            "source": {"type": "kafka", "kafka": kafka},
-        },
-    }
+    source = {"type": "kafka", "kafka": kafka}
+    return manifest(
+        "kafka-job", {"batchInterval": "1s", "app": {"builtin": "wordcount"}, "source": source}
+    )
 
 
 @pytest.mark.parametrize(
@@ -351,16 +343,10 @@ def test_every_spec_error_names_its_field(kafka, problem):
 
 
 def test_dstream_run_exits_naming_an_unknown_topic(tmp_path, kafka_server):
-    manifest = tmp_path / "job.yaml"
+    path = tmp_path / "job.yaml"
     kafka = {"bootstrapServers": kafka_server.bootstrap, "topics": ["nope"]}
-    manifest.write_text(yaml.safe_dump(job_with_source(kafka)))
-    done = subprocess.run(
-        [sys.executable, "-m", "dstream", "run", str(manifest), "--port", "0", "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "DSTREAM_SPARK_LOG_LEVEL": "ERROR"},
-    )
+    path.write_text(yaml.safe_dump(job_with_source(kafka)))
+    done = run_until_exit(path)
     assert done.returncode == 4, done.stderr[-2000:]
     assert "error: kafka topic 'nope' does not exist" in done.stderr
 

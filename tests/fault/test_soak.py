@@ -24,14 +24,14 @@ restart the pod. At the end the producer stops, the last run admits everything i
 stopped gracefully.
 
 The reference takes nothing from the engine but the batch log: a batch's input is the range its
-record names (the files it listed, the Redis entry IDs), read back from the input itself. The
+record names (the files it listed, the Redis entry IDs, the Kafka offsets), read back from the input itself. The
 ranges, in batch order, must be exactly what the producer wrote, per stream or directory (nothing
 admitted twice, nothing skipped), and every committed batch's counts, running totals and window
 must equal those of its input (harness.judge). One line per feed:
 
     soak: driver_kills=N executor_kills=M batches=B lost=L duplicated=D recovery_p50=Xs ... feed=F
 
-`make test` runs the redis feed with 3 + 3 kills; `make soak` runs both feeds with 20 + 20 and a
+`make test` runs the redis feed with 3 + 3 kills; `make soak` runs all three feeds with 20 + 20 and a
 20 s outage (SOAK_DRIVER_KILLS, SOAK_EXECUTOR_KILLS, SOAK_OUTAGE_S, SOAK_FEEDS; SOAK_DURATION_S
 stretches the runs over at least that many seconds; DSTREAM_FAULT_SEED replays a schedule).
 Recovery is the time from a driver kill to the first batch the next run commits: it includes
