@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_SECONDS ?= 30
 
-.PHONY: setup debian-packages demo test test-fast exactly-once soak lint crd e2e bench bench-quick bench-backpressure clean operator-scale
+.PHONY: setup debian-packages kafka demo test test-fast exactly-once soak lint crd e2e bench bench-quick bench-backpressure clean operator-scale
 
 setup: $(STAMP)
 
@@ -28,12 +28,17 @@ demo: setup
 debian-packages:
 	bash .ci/install-debian-packages
 
+# The Kafka broker the connector tests start (.ci/install-kafka: Maven Central, cached in
+# /var/cache/dstream-kafka).
+kafka: debian-packages
+	bash .ci/install-kafka >/dev/null
+
 # Most tests wait on batch intervals and JVM starts more than they use the CPU, so they run on
 # TEST_WORKERS xdist workers; the `solo` tests (they assert rates and delays) then run alone.
 # Each part prints its progress and its slowest tests. The first run also builds Kubernetes
 # (cached in /var/cache/dstream-k8s) and the image (/var/cache/dstream-image): see the README.
 TEST_WORKERS ?= 3
-test: setup debian-packages
+test: setup debian-packages kafka
 	@parallel=0; alone=0; \
 	$(BIN)/python -m pytest -ra --durations=25 -n $(TEST_WORKERS) --dist loadgroup \
 		-m "not solo" || parallel=$$?; \
@@ -43,17 +48,18 @@ test: setup debian-packages
 test-fast: setup
 	$(BIN)/python -m pytest -ra -m "not k8s and not slow"
 
-# The connectors' exactly-once run at the issue's full size: 200,000 records into Redis and into
-# JetStream, the driver SIGKILLed three times, the broker restarted (make test runs a small one).
-exactly-once: setup debian-packages
+# The connectors' exactly-once run at the issue's full size: 200,000 records into Redis, JetStream
+# and Kafka, the driver SIGKILLed three times, the broker restarted (make test runs a small one).
+exactly-once: setup debian-packages kafka
 	DSTREAM_E2E_RECORDS=200000 DSTREAM_E2E_RATE=2000 DSTREAM_E2E_KILLS=3 \
 		$(BIN)/python -m pytest -ra tests/connectors/test_exactly_once.py
 
 # The soak (docs/fault-tolerance.md): 20 driver kills, 20 executor kills and a 20 s sink outage
 # on local-cluster[2,1,1024] while input arrives, output checked exactly against it, for each
-# feed: files -> files, Redis Streams -> PostgreSQL (make test: the redis feed, 3 + 3, 5 s).
-soak: setup debian-packages
-	SOAK_FEEDS=files,redis SOAK_DRIVER_KILLS=20 SOAK_EXECUTOR_KILLS=20 SOAK_OUTAGE_S=20 \
+# feed: files -> files, Redis Streams -> PostgreSQL, Kafka -> Kafka (make test: the redis feed,
+# 3 + 3, 5 s).
+soak: setup debian-packages kafka
+	SOAK_FEEDS=files,redis,kafka SOAK_DRIVER_KILLS=20 SOAK_EXECUTOR_KILLS=20 SOAK_OUTAGE_S=20 \
 		$(BIN)/python -m pytest -s -ra tests/fault/test_soak.py
 
 # The operator at the issue's scale (docs/operator-scale.md): 200 StreamingJobs applied at once

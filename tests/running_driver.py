@@ -71,6 +71,17 @@ def python_path() -> str:
     return os.pathsep.join(os.path.abspath(entry) for entry in entries if entry)
 
 
+def run_until_exit(path: Path, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+    """`dstream run` of a job that ends by itself (one that cannot start), its output kept."""
+    return subprocess.run(
+        [sys.executable, "-m", "dstream", "run", str(path), "--port", "0", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, "DSTREAM_SPARK_LOG_LEVEL": "ERROR"},
+    )
+
+
 @dataclass
 class Line:
     at: float  # time.monotonic() when the line was read

@@ -53,10 +53,12 @@ class Server:
     def ready(self) -> bool:
         return accepts_connections(self.port)
 
-    def start(self) -> None:
+    def start(self, timeout_s: float = 20) -> None:
         log = open(self.directory / "server.log", "ab")  # noqa: SIM115 (the process keeps it)
         self.process = subprocess.Popen(self.command(), stdout=log, stderr=log)
-        wait_for(self.ready, 20, f"{self.command()[0]} did not accept connections on {self.port}")
+        wait_for(
+            self.ready, timeout_s, f"{self.command()[0]} did not accept connections on {self.port}"
+        )
 
     def stop(self) -> None:
         """Graceful stop (SIGTERM), as a broker restart by an operator does."""

@@ -82,8 +82,8 @@ def test_defaults_fill_an_minimal_job():
         ),
         (
             "spec.source.type",
-            "kafka",
-            "spec.source.type: Input should be 'rate', 'files', 'redis' or 'nats'",
+            "kinesis",
+            "spec.source.type: Input should be 'rate', 'files', 'redis', 'nats' or 'kafka'",
         ),
         (
             "spec.source.rate",

@@ -7,7 +7,9 @@ The CRD schema in `crds/streamingjob.yaml` is generated from these classes.
 
 from __future__ import annotations
 
+import json
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs, urlsplit
@@ -225,16 +227,166 @@ class NatsSource(SpecModel):
     password_secret: SecretKeyRef | None = None
 
 
+# host:port[,host:port...]
+KAFKA_SERVERS_PATTERN = r"^[^,:\s]+:[0-9]{1,5}(,[^,:\s]+:[0-9]{1,5})*$"
+# Client properties the connector sets itself: a passed-through value would break its guarantees
+# (isolation, idempotence, transactions, offsets) or put a password into the spec.
+KAFKA_OWN_PROPERTIES = {
+    "bootstrap.servers",
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.username",
+    "sasl.password",
+    "ssl.key.password",
+    "ssl.keystore.password",
+    "group.id",
+    "isolation.level",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.offset.reset",
+    "enable.partition.eof",
+    "enable.idempotence",
+    "transactional.id",
+    "acks",
+}
+
+
+class KafkaConnection(SpecModel):
+    """How to reach and log in to a Kafka cluster: shared by the source and the sink."""
+
+    bootstrap_servers: str = Field(
+        pattern=KAFKA_SERVERS_PATTERN, description="host:port[,host:port...]"
+    )
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    username: str | None = Field(None, min_length=1, description="SASL user")
+    password_secret: SecretKeyRef | None = None
+    client_properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="librdkafka client properties passed through (e.g. ssl.ca.location, "
+        "fetch.max.bytes); the ones the connector sets itself are refused.",
+    )
+
+    @field_validator("client_properties")
+    @classmethod
+    def _not_our_own(cls, properties: dict[str, str]) -> dict[str, str]:
+        own = sorted(KAFKA_OWN_PROPERTIES & set(properties))
+        if own:
+            raise ValueError(
+                f"{own[0]!r} is set by the connector (use its own field, or passwordSecret)"
+            )
+        return properties
+
+    @model_validator(mode="after")
+    def _sasl_complete(self) -> KafkaConnection:
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and (self.sasl_mechanism is None or self.username is None):
+            raise ValueError(
+                f"securityProtocol {self.security_protocol} needs saslMechanism and username"
+            )
+        if not sasl and self.sasl_mechanism is not None:
+            raise ValueError(
+                f"saslMechanism needs a SASL_ securityProtocol, not {self.security_protocol}"
+            )
+        return self
+
+
+def starting_offsets(text: str) -> str | datetime | dict[str, dict[int, int]]:
+    """`earliest`, `latest`, an RFC 3339 timestamp (the first offset at or after it), or per
+    partition offsets as Structured Streaming writes them: `{"topic": {"0": 23, "1": -2}}` with
+    -2 for earliest and -1 for latest."""
+    if text in ("earliest", "latest"):
+        return text
+    if text.startswith("{"):
+        try:
+            parsed = json.loads(text)
+            return {
+                topic: {int(partition): int(offset) for partition, offset in offsets.items()}
+                for topic, offsets in parsed.items()
+            }
+        except (ValueError, AttributeError, TypeError):
+            raise ValueError(
+                'per-partition offsets must be JSON like {"topic": {"0": 23, "1": -2}}'
+            ) from None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            "expected earliest, latest, a timestamp such as 2026-01-31T12:00:00Z, or JSON "
+            'offsets such as {"topic": {"0": 23}}'
+        ) from None
+    if moment.tzinfo is None:
+        raise ValueError("the timestamp needs a time zone (e.g. a final Z for UTC)")
+    return moment
+
+
+class KafkaSource(KafkaConnection):
+    """Apache Kafka: each batch is a recorded offset range [from, until) per topic-partition."""
+
+    topics: list[Annotated[str, Field(min_length=1)]] | None = Field(None, min_length=1)
+    topic_pattern: str | None = Field(
+        None, min_length=1, description="Regular expression over topic names (whole name)."
+    )
+    starting_offsets: str = Field(
+        "earliest",
+        description="Without a checkpoint: earliest, latest, an RFC 3339 timestamp, or JSON "
+        'offsets per partition {"topic": {"0": 23}} (-2 earliest, -1 latest).',
+    )
+    isolation: Literal["read_committed", "read_uncommitted"] = "read_committed"
+    max_records_per_partition: int | None = Field(
+        None, ge=1, description="At most this many offsets of one partition per batch."
+    )
+    min_partitions: int | None = Field(
+        None, ge=1, description="Split ranges so a batch has at least this many tasks."
+    )
+    format: Literal["text", "json"] = "text"
+    on_data_loss: Literal["fail", "skip"] = Field(
+        "fail",
+        description="A recorded or planned range that retention removed: stop the job, or "
+        "count, log and skip it.",
+    )
+    group_id: str | None = Field(
+        None,
+        min_length=1,
+        description="Consumer group the committed offsets are reported to (for lag tools "
+        "only; default dstream-<job>).",
+    )
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _compiles(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"not a regular expression ({error})") from None
+        return pattern
+
+    @field_validator("starting_offsets")
+    @classmethod
+    def _parses(cls, text: str) -> str:
+        starting_offsets(text)
+        return text
+
+    @model_validator(mode="after")
+    def _topics_or_pattern(self) -> KafkaSource:
+        if (self.topics is None) == (self.topic_pattern is None):
+            raise ValueError("set exactly one of topics or topicPattern")
+        return self
+
+
 class Source(SpecModel):
-    type: Literal["rate", "files", "redis", "nats"]
+    type: Literal["rate", "files", "redis", "nats", "kafka"]
     rate: RateSource | None = None
     files: FilesSource | None = None
     redis: RedisSource | None = None
     nats: NatsSource | None = None
+    kafka: KafkaSource | None = None
 
     @model_validator(mode="after")
     def _block_for_type(self) -> Source:
-        _require_block(self, self.type, ("rate", "files", "redis", "nats"))
+        _require_block(self, self.type, ("rate", "files", "redis", "nats", "kafka"))
         return self
 
 
@@ -279,15 +431,37 @@ def _dsn_has_password(dsn: str) -> bool:
     return re.search(r"(^|\s)password\s*=", dsn, re.IGNORECASE) is not None
 
 
+class KafkaSink(KafkaConnection):
+    """Each batch into a Kafka topic, in one transaction with its commit marker (exactly once)."""
+
+    topic: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    delivery: Literal["exactlyOnce", "atLeastOnce"] = Field(
+        "exactlyOnce",
+        description="exactlyOnce: one transaction per batch; atLeastOnce: idempotent producer, "
+        "no transactions (a re-run batch is written again).",
+    )
+    format: Literal["json", "text"] = Field("json", description="How a record's value is written.")
+    key_field: str | None = Field(
+        None, min_length=1, description="A dict record's field written as the message key."
+    )
+    commit_topic: str = Field(
+        "dstream-commits",
+        pattern=r"^[A-Za-z0-9._-]{1,249}$",
+        description="exactlyOnce: the compacted topic where each batch's commit record goes, "
+        "in the batch's transaction (created when missing).",
+    )
+
+
 class Sink(SpecModel):
-    type: Literal["files", "console", "postgres"]
+    type: Literal["files", "console", "postgres", "kafka"]
     files: FilesSink | None = None
     console: ConsoleSink | None = None
     postgres: PostgresSink | None = None
+    kafka: KafkaSink | None = None
 
     @model_validator(mode="after")
     def _block_for_type(self) -> Sink:
-        _require_block(self, self.type, ("files", "postgres"))
+        _require_block(self, self.type, ("files", "postgres", "kafka"))
         return self
 
 
@@ -447,6 +621,18 @@ class JobSpec(SpecModel):
     @property
     def batch_interval_ms(self) -> int:
         return duration_ms(self.batch_interval)
+
+    @model_validator(mode="after")
+    def _one_kafka_password(self) -> JobSpec:
+        """A Kafka source and a Kafka sink share DSTREAM_KAFKA_PASSWORD (password_env)."""
+        source, sink = self.source.kafka, self.sink.kafka
+        if source and sink and source.password_secret and sink.password_secret:
+            if source.password_secret != sink.password_secret:
+                raise ValueError(
+                    "source.kafka and sink.kafka name different passwordSecrets, but both are "
+                    f"passed as {password_env('kafka')}: use one Secret (or one login) for both"
+                )
+        return self
 
 
 class Metadata(BaseModel):

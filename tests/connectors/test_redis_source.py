@@ -4,9 +4,6 @@ trimming detected, a restarting broker ridden out, bad input named."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
@@ -20,6 +17,7 @@ from dstream.runtime.clock import ManualClock
 from dstream.service.metrics import StreamingMetrics
 from dstream.sources import SourceError
 from dstream.spec import password_env
+from running_driver import run_until_exit
 from streams import run_batches
 
 
@@ -189,13 +187,7 @@ def test_dstream_run_exits_naming_a_missing_stream(tmp_path, redis_server):
             }
         )
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "dstream", "run", str(manifest), "--port", "0", "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "DSTREAM_SPARK_LOG_LEVEL": "ERROR"},
-    )
+    done = run_until_exit(manifest)
     assert done.returncode == 4, done.stderr[-2000:]
     assert f"error: redis source: stream 'nope' does not exist at {redis_server.url}" in done.stderr
 

@@ -83,3 +83,8 @@ def build(ssc: StreamingContext, lines: DStream, args: dict[str, Any]) -> DStrea
     if args.get("outputSleepSeconds"):
         return united.mapPartitions(pass_then_pause(float(args["outputSleepSeconds"])))
     return united
+
+
+def passthrough(ssc: StreamingContext, lines: DStream, args: dict[str, Any]) -> DStream:
+    """Every input record as it came: an output that a test compares record by record."""
+    return lines

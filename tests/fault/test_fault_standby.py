@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
-from harness import Driver, RateJob, fault_seed, verify, wait_until
-from running_driver import free_port
+from fault.harness import RateJob, fault_seed, verify, wait_until
+from running_driver import Driver, free_port
 
 LEASE_S = 5
 ROUNDS = int(os.environ.get("STANDBY_ROUNDS", "1"))

@@ -18,7 +18,7 @@ from dstream.runtime.fencing import (
     epoch_source_from_env,
 )
 from dstream.runtime.lease import CheckpointInUseError, CheckpointLease
-from harness import wait_until
+from fault.harness import wait_until
 
 
 def test_epochs_rise_and_each_is_claimed_once(tmp_path):

@@ -8,7 +8,10 @@ totals. A feed says where its input comes from and where its output goes (SOAK_F
   files sink's outage is its directory replaced by a regular file;
 - `redis`: a producer XADDs lines to two Redis streams four times a second (source.type redis);
   the output goes to PostgreSQL (sink.type postgres, mode append: a row per record and batch),
-  whose outage is the server stopped and started again.
+  whose outage is the server stopped and started again;
+- `kafka`: a producer writes lines to a Kafka topic of two partitions four times a second
+  (source.type kafka), the output goes to another topic through the exactly-once Kafka sink;
+  the outage is the broker (source and sink) stopped and started again.
 
 Each driver run is `dstream run` on the same checkpoint. A run dies by SIGKILL of its process
 group at a random moment (as a lost pod), or at an exact spot through DSTREAM_FAULT_INJECT:
@@ -21,7 +24,7 @@ restart the pod. At the end the producer stops, the last run admits everything i
 stopped gracefully.
 
 The reference takes nothing from the engine but the batch log: a batch's input is the range its
-record names (the files it listed, the Redis entry IDs), read back from the input itself. The
+record names (the files it listed, the Redis entry IDs, the Kafka offsets), read back from the input itself. The
 ranges, in batch order, must be exactly what the producer wrote, per stream or directory (nothing
 admitted twice, nothing skipped), and every committed batch's counts, running totals and window
 must equal those of its input (harness.judge). One line per feed:
@@ -32,7 +35,7 @@ must equal those of its input (harness.judge). One line per feed:
 (the phases of the restarted drivers' recovery timelines, runtime/timeline.py, in seconds after
 each kill).
 
-`make test` runs the redis feed with 3 + 3 kills; `make soak` runs both feeds with 20 + 20 and a
+`make test` runs the redis feed with 3 + 3 kills; `make soak` runs all three feeds with 20 + 20 and a
 20 s outage (SOAK_DRIVER_KILLS, SOAK_EXECUTOR_KILLS, SOAK_OUTAGE_S, SOAK_FEEDS; SOAK_DURATION_S
 stretches the runs over at least that many seconds; DSTREAM_FAULT_SEED replays a schedule).
 Recovery is the time from a driver kill to the first batch the next run commits: it includes
@@ -41,6 +44,7 @@ starting the JVM and both executors.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -54,6 +58,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
 
@@ -61,6 +66,8 @@ import psycopg
 import pyspark
 import pytest
 import redis
+from confluent_kafka import Producer as KafkaProducer
+from dstream.connectors.kafka import BATCH_TIME_HEADER
 from dstream.runtime.timeline import PHASES
 from dstream.worker import textgen
 from fault.harness import (
@@ -76,6 +83,7 @@ from fault.harness import (
     read_batch,
     wait_until,
 )
+from kafka_server import KafkaServer, read_all, read_range
 from postgres_server import PostgresServer, running_postgres
 from running_driver import Driver
 from servers import RedisServer
@@ -323,7 +331,97 @@ class RedisFeed(Feed):
         return {t: batch_output(records, f"batch {t}") for t, records in batches.items()}
 
 
-FEED_TYPES: dict[str, type[Feed]] = {feed.name: feed for feed in (FilesFeed, RedisFeed)}
+class KafkaFeed(Feed):
+    """Lines into a Kafka topic of two partitions (alternating) four times a second, by an
+    idempotent producer that rides out the broker's absence; the output into another topic
+    through the exactly-once Kafka sink. Source and sink share the broker, so the outage is the
+    broker itself stopped and started again: reads and writes both wait for it."""
+
+    name = "kafka"
+    every_s = 0.25
+    topic = "soak-in"
+    out = "soak-out"
+
+    def open(self, resources: ExitStack) -> None:
+        self.broker = KafkaServer(self.root / "kafka")
+        self.broker.format()
+        self.broker.start()
+        resources.callback(self.broker.stop)
+        for topic in (self.topic, self.out):
+            self.broker.create_topic(topic, 2)
+        self.client = KafkaProducer(
+            {"bootstrap.servers": self.broker.bootstrap, "enable.idempotence": True}
+        )
+
+    def source(self) -> dict[str, Any]:
+        return {
+            "type": "kafka",
+            "kafka": {"bootstrapServers": self.broker.bootstrap, "topics": [self.topic]},
+        }
+
+    def sink(self) -> dict[str, Any]:
+        return {
+            "type": "kafka",
+            "kafka": {"bootstrapServers": self.broker.bootstrap, "topic": self.out},
+        }
+
+    def write(self, lines: list[str]) -> list[Record]:
+        """Each line once, at the offset its acknowledgement names (librdkafka retries a send
+        for up to its message timeout, idempotently, while the broker is away)."""
+        acked: dict[int, Record] = {}
+
+        def delivered(error: Any, message: Any) -> None:
+            assert error is None, error
+            key = f"{message.topic()}-{message.partition()}"
+            acked[int(message.key())] = Record(key, str(message.offset()), message.value().decode())
+
+        for n, line in enumerate(lines):
+            self.client.produce(
+                self.topic,
+                value=line.encode(),
+                key=str(n).encode(),
+                partition=n % 2,
+                on_delivery=delivered,
+            )
+        assert self.client.flush(STEP_TIMEOUT_S) == 0, "the soak's input was not acknowledged"
+        return [acked[n] for n in range(len(lines))]
+
+    @contextmanager
+    def sink_down(self) -> Iterator[None]:
+        self.broker.stop()
+        try:
+            yield
+        finally:
+            self.broker.start()
+
+    def outage(self, seconds: float, failed: Callable[[], bool]) -> None:
+        """The broker down for `seconds` (a failed write is not waited for: with the broker
+        gone the batch's reads wait too, and a job stops after 60 s without its input)."""
+        with self.sink_down():
+            time.sleep(min(seconds, 30))  # the outage itself, not a wait for a condition
+
+    def admitted(self, ranges: dict[str, Any]) -> list[Record]:
+        return [
+            Record(f"{topic}-{partition}", str(m.offset()), m.value().decode())
+            for topic, partition, start, until in ranges["kafka"]["slices"]
+            for m in read_range(self.broker.bootstrap, topic, partition, start, until)
+        ]
+
+    def outputs(self) -> dict[int, BatchOutput]:
+        """The batches the sink's commit records name, each with its messages (a message of a
+        batch without a commit record shows as a batch of its own)."""
+        commits = read_all(self.broker.bootstrap, "dstream-commits")
+        batches: dict[int, list[Any]] = {json.loads(m.value())["batchTimeMs"]: [] for m in commits}
+        for message in read_all(self.broker.bootstrap, self.out):
+            batch_time = dict(message.headers())[BATCH_TIME_HEADER].decode()
+            time_ms = round(datetime.fromisoformat(batch_time).timestamp() * 1000)
+            batches.setdefault(time_ms, []).append(
+                (json.loads(message.key()), json.loads(message.value()))
+            )
+        return {t: batch_output(records, f"batch {t}") for t, records in batches.items()}
+
+
+FEED_TYPES: dict[str, type[Feed]] = {feed.name: feed for feed in (FilesFeed, RedisFeed, KafkaFeed)}
 
 
 @dataclass

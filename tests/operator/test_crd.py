@@ -118,7 +118,7 @@ def test_there_are_examples():
 BAD_SPECS = [
     (lambda s: s.update(batchInterval="1 sec"), "batchInterval"),
     (lambda s: s["executor"].update(instances=0), "instances"),
-    (lambda s: s["source"].update(type="kafka"), "type"),
+    (lambda s: s["source"].update(type="kinesis"), "type"),
     (lambda s: s.pop("app"), "app"),
     (lambda s: s.update(sparkConf={"spark.x": 5}), "spark.x"),
     (lambda s: s["driver"].update(memory="1GB"), "memory"),

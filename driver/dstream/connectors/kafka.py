@@ -1,0 +1,790 @@
+"""`source.type: kafka` and `sink.type: kafka`: Apache Kafka in and out, exactly once.
+
+The source is direct, in the D-Stream sense: each batch's input is a set of offset ranges
+`[from, until)` per topic-partition, planned on the driver when the batch starts and written to
+the batch log before any task runs. A task reads exactly its range with assign + seek (no
+consumer-group membership, no rebalancing), in bounded chunks; a restarted driver feeds the same
+ranges back, so it reads the same records. Planning asks the broker for each partition's log
+start and end in one ListOffsets request: under `read_committed` the end is the last stable
+offset (LSO), so a range never reaches into a transaction still open, and the records of aborted
+transactions and the transaction markers, which a read_committed consumer never sees, leave gaps
+that a task steps over (it stops at the first offset at or past `until`, or at the partition's
+end). The batch's share of the rate budget is split over partitions by their lag.
+
+Data loss is never silent: a range whose start retention or deletion removed before it was read
+stops the job naming topic, partition and range (`onDataLoss: fail`, Structured Streaming's
+failOnDataLoss=true), or is counted, logged and recorded in the batch log (`skip`). After each
+committed batch the offsets it reached are committed to the consumer group `groupId`, so lag
+tools see the job; recovery never reads them back (the batch log is the truth).
+
+Client: confluent-kafka (librdkafka), chosen because its wheel carries librdkafka (no JVM in the
+Python workers, no system library), and it has transactions, assign/seek and ListOffsets with an
+isolation level. Its defaults differ from the Java client's, so the settings that carry the
+guarantees are always set here: `isolation.level` (librdkafka's default is read_committed, the
+Java client's read_uncommitted), `enable.auto.commit=false` and `auto.offset.reset=error` for
+the source, `enable.idempotence=true` for every producer (off by default in librdkafka).
+
+The sink writes each batch of an output stream in ONE Kafka transaction, from the driver, as the
+PostgreSQL sink does (and for the same reason: one transaction per batch needs one producer). Its
+`transactional.id` is derived from job, topic and output, so a restarted driver's producer fences
+the killed one's and aborts its open transaction (`init_transactions`). Idempotence per batch:
+the same transaction writes a commit record (key job/topic/output, value the batch time) into the
+compacted `commitTopic`; a batch whose time is at or before the newest committed record under its
+key was committed already, and writes nothing. Records and commit record commit or abort
+together, so a read_committed consumer sees every batch exactly once. Why a commit topic rather
+than `send_offsets_to_transaction` to a dedicated consumer group: after a broker restart,
+librdkafka 2.16's send_offsets_to_transaction was seen to block past its own timeout while the
+group coordinator came back (tests/connectors/test_kafka_sink.py restarts the broker), where a
+record in a topic needs only the partition leader and the transaction coordinator that every
+transaction needs anyway. `delivery: atLeastOnce` uses the idempotent producer without
+transactions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from pyspark import RDD, Accumulator
+
+from dstream.runtime.checkpoint import write_atomically
+from dstream.runtime.timeutil import time_to_ms
+from dstream.sources import InputDStream, SourceError, split_budget
+from dstream.spec import KafkaConnection, password_env, starting_offsets
+
+if TYPE_CHECKING:
+    from dstream.context import StreamingContext
+    from dstream.spec import KafkaSink as KafkaSinkSettings
+    from dstream.spec import KafkaSource as KafkaSourceSettings
+    from dstream.spec import Source, StreamingJob
+
+log = logging.getLogger(__name__)
+# librdkafka's own log lines go through Python logging, critical ones only: it logs every refused
+# connection while a broker restarts, and the errors that matter reach the job as its own.
+CLIENT_LOG = logging.getLogger("dstream.connectors.kafka.librdkafka")
+
+READ_CHUNK = 5_000  # messages per consume() call in a task: bounds its memory, not its range
+QUEUED_KBYTES = 16_384  # librdkafka's prefetch queue per task (its default is 64 MB)
+REQUEST_TIMEOUT_S = 10.0
+EARLIEST, LATEST = -2, -1  # Structured Streaming's codes in per-partition startingOffsets
+BATCH_TIME_HEADER = "dstream-batch-time"
+COMMIT_READ_S = 180.0  # reading the sink's commit topic: above Kafka's transaction timeouts
+
+Partition = tuple[str, int]
+
+
+def client_config(settings: KafkaConnection) -> dict[str, Any]:
+    """librdkafka settings for connecting and logging in; the password (passwordSecret) comes
+    from the environment, on the driver as in tasks, and never travels in a task closure."""
+    config: dict[str, Any] = {
+        **settings.client_properties,
+        "logger": CLIENT_LOG,
+        "log_level": 2,
+        "bootstrap.servers": settings.bootstrap_servers,
+        "security.protocol": settings.security_protocol,
+    }
+    if settings.sasl_mechanism is not None:
+        config["sasl.mechanism"] = settings.sasl_mechanism
+        config["sasl.username"] = settings.username
+    password = os.environ.get(password_env("kafka"))
+    if settings.password_secret is not None and password is None:
+        raise SourceError(
+            f"kafka: passwordSecret is set but {password_env('kafka')} is not in the "
+            "environment (the operator sets it on Kubernetes; export it for dstream run)"
+        )
+    if password is not None and settings.sasl_mechanism is not None:
+        config["sasl.password"] = password
+    return config
+
+
+def partition_name(partition: Partition) -> str:
+    return f"{partition[0]}-{partition[1]}"
+
+
+class LoginWatch:
+    """librdkafka reports a refused login through its error callback, not through the request
+    that then times out; this keeps the last such error so the timeout can name the cause."""
+
+    def __init__(self) -> None:
+        self.refused: str | None = None
+
+    def __call__(self, error: KafkaError) -> None:
+        if error.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+            self.refused = error.str()
+
+
+def broker_error(servers: str, error: Exception, watch: LoginWatch) -> SourceError:
+    """A failed request as the SourceError a user can act on."""
+    if watch.refused is not None:
+        return SourceError(
+            f"kafka {servers} refused the login ({watch.refused}); the password comes from "
+            f"{password_env('kafka')} (passwordSecret), the user from username"
+        )
+    return SourceError(f"kafka {servers} unreachable or not answering: {error}")
+
+
+class KafkaInputDStream(InputDStream):
+    """Records of the matching topics' partitions. A planned range is `{"slices": [[topic,
+    partition, from, until], ...], "next": {topic: {partition: offset}}, "lost": [[topic,
+    partition, from, until], ...]}`: `next` is every known partition's position once the batch
+    is admitted, so the batch log alone tells a restarted driver where to go on; `lost` are the
+    ranges skipped under onDataLoss: skip."""
+
+    def __init__(
+        self,
+        ssc: StreamingContext,
+        settings: KafkaSourceSettings,
+        name: str = "kafka",
+        retry_seconds: float = 60.0,
+    ):
+        super().__init__(ssc, name)
+        self.settings = settings
+        self.retry_seconds = retry_seconds
+        self.group_id = settings.group_id or ssc.sparkContext.appName
+        self._pattern = re.compile(settings.topic_pattern) if settings.topic_pattern else None
+        self._positions: dict[Partition, int] = {}
+        self._malformed = ssc.sparkContext.accumulator(0)
+        self.lost_records = 0
+        self._connect()
+        # at start, one attempt: a job pointed at the wrong servers should say so at once
+        self._starts = self._starting_positions(self._partitions(patience=0, at_start=True), 0)
+        ssc.addStreamingListener(self)
+
+    # -- connections ----------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        self._connect_admin()
+        self._group: Consumer | None = None
+
+    def _connect_admin(self) -> None:
+        self._watch = LoginWatch()
+        self._admin = AdminClient({**client_config(self.settings), "error_cb": self._watch})
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The checkpointed graph keeps no client: a restored graph opens its own (_attach)."""
+        state = super().__getstate__()
+        for handle in ("_admin", "_group", "_watch"):
+            state.pop(handle, None)
+        return state
+
+    def _attach(self, ssc: StreamingContext) -> None:
+        super()._attach(ssc)
+        self._connect()
+        ssc.addStreamingListener(self)
+
+    def _request(self, call: Any, patience: float) -> Any:
+        """A broker request on the driver, asked again (a broker restarting, a leader moving)
+        for up to `patience` seconds; then, or at once for a refused login, a SourceError."""
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                return call()
+            except KafkaException as error:
+                self._admin.poll(0)  # serves the error callback, which may know the cause
+                if self._watch.refused is not None or time.monotonic() > deadline:
+                    raise broker_error(
+                        self.settings.bootstrap_servers, error, self._watch
+                    ) from None
+            time.sleep(0.5)
+            # a new client: after a broker restart the old one's cached leader epochs were
+            # seen refused (FENCED_LEADER_EPOCH) for as long as it was asked
+            self._connect_admin()
+
+    @property
+    def malformed_records(self) -> int:
+        """Records this driver's batches could not decode (a re-run batch counts again)."""
+        return self._malformed.value
+
+    def signature(self) -> dict[str, Any]:
+        topics = self.settings.topics or self.settings.topic_pattern
+        return {**super().signature(), "topics": topics}
+
+    # -- partitions and offsets -----------------------------------------------------------
+
+    def _partitions(self, patience: float, at_start: bool = False) -> list[Partition]:
+        """Every partition of the source's topics now (new ones included)."""
+        metadata = self._request(
+            lambda: self._admin.list_topics(timeout=REQUEST_TIMEOUT_S), patience
+        )
+        found: list[Partition] = []
+        if self._pattern is not None:
+            names = [n for n in metadata.topics if self._pattern.fullmatch(n)]
+        else:
+            names = list(self.settings.topics or [])
+        for name in sorted(names):
+            topic = metadata.topics.get(name)
+            if topic is None or topic.error is not None:
+                raise SourceError(self._missing_topic(name, at_start))
+            found += [(name, p) for p in sorted(topic.partitions)]
+        return found
+
+    def _missing_topic(self, name: str, at_start: bool) -> str:
+        servers = self.settings.bootstrap_servers
+        if at_start:
+            return (
+                f"kafka topic {name!r} does not exist at {servers} (create it, e.g. "
+                f"kafka-topics.sh --create --topic {name}, before starting the job)"
+            )
+        return f"kafka topic {name!r} was deleted at {servers} while the job read it"
+
+    def _offsets(
+        self, partitions: list[Partition], spec: Any, patience: float
+    ) -> dict[Partition, int]:
+        """One ListOffsets request: the offset `spec` names for each partition."""
+        if not partitions:
+            return {}
+        level = (
+            IsolationLevel.READ_COMMITTED
+            if self.settings.isolation == "read_committed"
+            else IsolationLevel.READ_UNCOMMITTED
+        )
+        wanted = {TopicPartition(t, p): spec for t, p in partitions}
+
+        def ask() -> dict[Partition, int]:
+            futures = self._admin.list_offsets(
+                wanted, isolation_level=level, request_timeout=REQUEST_TIMEOUT_S
+            )
+            return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+
+        return self._request(ask, patience)
+
+    def _bounds(
+        self, partitions: list[Partition], patience: float
+    ) -> dict[Partition, tuple[int, int]]:
+        """(log start, end) per partition; the end is the LSO under read_committed."""
+        starts = self._offsets(partitions, OffsetSpec.earliest(), patience)
+        ends = self._offsets(partitions, OffsetSpec.latest(), patience)
+        return {p: (starts[p], ends[p]) for p in partitions}
+
+    def _starting_positions(
+        self, partitions: list[Partition], patience: float
+    ) -> dict[Partition, int]:
+        """Where a job without a checkpoint starts, as startingOffsets says."""
+        starting = starting_offsets(self.settings.starting_offsets)
+        bounds = self._bounds(partitions, patience)
+        if starting == "earliest":
+            return {p: bounds[p][0] for p in partitions}
+        if starting == "latest":
+            return {p: bounds[p][1] for p in partitions}
+        if isinstance(starting, datetime):
+            ms = int(starting.timestamp() * 1000)
+            found = self._offsets(partitions, OffsetSpec.for_timestamp(ms), patience)
+            return {p: found[p] if found[p] >= 0 else bounds[p][1] for p in partitions}
+        chosen = {}
+        for partition in partitions:
+            offset = starting.get(partition[0], {}).get(partition[1], EARLIEST)
+            codes = {EARLIEST: bounds[partition][0], LATEST: bounds[partition][1]}
+            chosen[partition] = codes.get(offset, offset)
+        return chosen
+
+    def _position(self, partition: Partition, bounds: tuple[int, int]) -> int:
+        """Where a partition's next batch starts; a partition that appeared after the start
+        (added to a topic, or a new topic matching the pattern) is read from its beginning."""
+        if partition in self._positions:
+            return self._positions[partition]
+        return self._starts.get(partition, bounds[0])
+
+    def backlog_by_partition(self) -> dict[str, int]:
+        try:  # a metrics scrape must not wait out a broker restart
+            partitions = self._partitions(patience=0)
+            bounds = self._bounds(partitions, patience=0)
+        except SourceError:
+            return {}
+        return {
+            partition_name(p): max(0, bounds[p][1] - self._position(p, bounds[p]))
+            for p in partitions
+        }
+
+    def backlog(self, now_ms: int) -> int | None:
+        by_partition = self.backlog_by_partition()
+        return sum(by_partition.values()) if by_partition else None
+
+    # -- planning -------------------------------------------------------------------------
+
+    def _next_range(self, time_ms: int, max_records: int | None) -> Any:
+        partitions = self._partitions(self.retry_seconds)
+        bounds = self._bounds(partitions, self.retry_seconds)
+        self._check_vanished(partitions)
+        lost, froms = [], {}
+        for partition in partitions:
+            start = bounds[partition][0]
+            froms[partition] = self._position(partition, bounds[partition])
+            if froms[partition] < start:
+                lost.append([*partition, froms[partition], start])
+                froms[partition] = start
+        self._handle_loss(lost, "was removed (retention or deletion) before this job read it")
+        waiting = [max(0, bounds[p][1] - froms[p]) for p in partitions]
+        cap = self.settings.max_records_per_partition
+        if cap is not None:
+            waiting = [min(w, cap) for w in waiting]
+        shares = split_budget(waiting, max_records)
+        ranges = [
+            (p, froms[p], froms[p] + share)
+            for p, share in zip(partitions, shares, strict=True)
+            if share > 0
+        ]
+        planned = {
+            "slices": slices_of(ranges, self.settings.min_partitions),
+            "next": nested({p: froms[p] + s for p, s in zip(partitions, shares, strict=True)}),
+            "lost": lost,
+        }
+        self._advance_past(planned)
+        return planned
+
+    def _check_vanished(self, partitions: list[Partition]) -> None:
+        """A partition this job has read that no longer exists: its topic was deleted."""
+        gone = sorted(set(self._positions) - set(partitions))
+        if gone:
+            topics = sorted({t for t, _p in gone})
+            self._handle_loss(
+                [[t, p, self._positions[(t, p)], self._positions[(t, p)]] for t, p in gone],
+                f"is gone: topic {', '.join(topics)} was deleted",
+            )
+            for partition in gone:
+                del self._positions[partition]
+
+    def _handle_loss(self, lost: list[list[Any]], why: str) -> None:
+        """onDataLoss: fail stops the job naming each range; skip counts and logs them."""
+        if not lost:
+            return
+        described = "; ".join(f"{t}-{p} offsets [{a}, {b})" for t, p, a, b in lost)
+        if self.settings.on_data_loss == "fail":
+            raise SourceError(
+                f"kafka data loss: {described} {why}; the job stops rather than skip input "
+                "(raise the topic's retention, or set onDataLoss: skip to count and skip it)"
+            )
+        self.lost_records += sum(b - a for _t, _p, a, b in lost)
+        log.warning("kafka data loss skipped (onDataLoss: skip): %s %s", described, why)
+
+    def _advance_past(self, planned: Any) -> None:
+        for topic, offsets in planned["next"].items():
+            for partition, offset in offsets.items():
+                key = (topic, int(partition))
+                self._positions[key] = max(offset, self._positions.get(key, offset))
+
+    def replay(self, time_ms: int, planned: Any) -> None:
+        """Adopt a recorded range, after checking that the broker still holds its start."""
+        recorded = sorted({(t, p) for t, p, _a, _b in planned["slices"]})
+        existing = set(self._partitions(self.retry_seconds))
+        missing = [p for p in recorded if p not in existing]
+        if missing:
+            self._handle_loss(
+                [s for s in planned["slices"] if (s[0], s[1]) in missing],
+                "is gone: its topic or partition was deleted",
+            )
+        bounds = self._bounds([p for p in recorded if p in existing], self.retry_seconds)
+        self._handle_loss(
+            [
+                [t, p, a, min(b, bounds[(t, p)][0])]
+                for t, p, a, b in planned["slices"]
+                if (t, p) in bounds and a < bounds[(t, p)][0] and a < b
+            ],
+            "of a recorded batch was removed (retention or deletion) before it was read, so "
+            "the batch cannot be replayed exactly",
+        )
+        super().replay(time_ms, planned)
+
+    def records_in(self, planned: Any) -> int:
+        """Offsets admitted (an upper bound of records: markers and aborted records count)."""
+        return sum(b - a for _t, _p, a, b in planned["slices"])
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _read(self, time_ms: int, planned: Any) -> RDD:
+        slices = [tuple(s) for s in planned["slices"]]
+        if not slices:
+            return self._sc.emptyRDD()
+        reader = RangeReader(
+            self.settings,
+            self._ssc._graph.deadletter_dir(time_ms),
+            self._malformed,
+            self.retry_seconds,
+        )
+        return self._sc.parallelize(slices, len(slices)).flatMap(reader.read)
+
+    # -- the consumer group, for lag tools ------------------------------------------------
+
+    def onBatchCompleted(self, event: Any) -> None:
+        """After a committed batch, commit the offsets it reached to the consumer group (for
+        lag tools only: a failure is logged, and recovery never reads them)."""
+        info = event.batchInfo()
+        planned = info.ranges.get(self.name)
+        if planned is None or (info.error is not None and not info.skipped):
+            return
+        offsets = [
+            TopicPartition(topic, int(partition), offset)
+            for topic, by_partition in planned["next"].items()
+            for partition, offset in by_partition.items()
+        ]
+        try:
+            if self._group is None:
+                config = {**client_config(self.settings), "group.id": self.group_id}
+                self._group = Consumer({**config, "enable.auto.commit": False})
+            self._group.commit(offsets=offsets, asynchronous=True)
+        except KafkaException as error:
+            log.warning("committing offsets to consumer group %s failed: %s", self.group_id, error)
+
+
+def nested(offsets: dict[Partition, int]) -> dict[str, dict[str, int]]:
+    """{(topic, partition): offset} as JSON-able {topic: {"partition": offset}}."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in offsets.items():
+        out.setdefault(topic, {})[str(partition)] = offset
+    return out
+
+
+def slices_of(
+    ranges: list[tuple[Partition, int, int]], min_partitions: int | None
+) -> list[list[Any]]:
+    """One task per partition's range; with minPartitions, ranges are cut (the longest into
+    the most pieces, in proportion to their size) until there are at least that many tasks."""
+    total = sum(until - start for _p, start, until in ranges)
+    slices = []
+    for (topic, partition), start, until in ranges:
+        pieces = 1
+        if min_partitions and len(ranges) < min_partitions:
+            pieces = max(1, min(until - start, -(-(until - start) * min_partitions // total)))
+        step = -(-(until - start) // pieces)
+        slices += [[topic, partition, a, min(until, a + step)] for a in range(start, until, step)]
+    return slices
+
+
+class RangeReader:
+    """What a task needs to read one slice: connection settings (not the password, which the
+    executor's environment holds), where undecodable records go, and how long to ride out an
+    unreachable broker."""
+
+    def __init__(
+        self,
+        settings: KafkaSourceSettings,
+        deadletter: str,
+        malformed: Accumulator[int],
+        retry_seconds: float,
+    ):
+        self.settings = settings
+        self.deadletter = deadletter
+        self.malformed = malformed
+        self.retry_seconds = retry_seconds
+
+    def consumer(self) -> Consumer:
+        skip = self.settings.on_data_loss == "skip"
+        return Consumer(
+            {
+                **client_config(self.settings),
+                "group.id": "dstream-range-reader",  # never joined nor committed: assign only
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": True,
+                "isolation.level": self.settings.isolation,
+                "auto.offset.reset": "earliest" if skip else "error",
+                "queued.max.messages.kbytes": QUEUED_KBYTES,
+            }
+        )
+
+    def read(self, task: tuple[str, int, int, int]) -> Iterator[Any]:
+        """The records of offsets [start, until) of one partition (a task)."""
+        topic, partition, start, until = task
+        undecodable: list[dict[str, Any]] = []
+        consumer = self.consumer()
+        try:
+            consumer.assign([TopicPartition(topic, partition, start)])
+            for message in self.messages(consumer, topic, partition, start, until):
+                record, problem = decode(message.value(), self.settings.format)
+                if problem is None:
+                    yield record
+                else:
+                    undecodable.append(
+                        {
+                            "topic": topic,
+                            "partition": partition,
+                            "offset": message.offset(),
+                            "error": problem,
+                            "record": (message.value() or b"").decode("utf-8", "replace"),
+                        }
+                    )
+        finally:
+            consumer.close()
+        if undecodable:
+            self.set_aside(topic, partition, start, undecodable)
+
+    def messages(
+        self, consumer: Consumer, topic: str, partition: int, start: int, until: int
+    ) -> Iterator[Any]:
+        """Messages of the range in chunks; done at the first offset at or past `until`, or at
+        the partition's end (read_committed: the offsets left are markers or aborted records)."""
+        idle_since = time.monotonic()
+        position = start
+        while position < until:
+            chunk = consumer.consume(num_messages=READ_CHUNK, timeout=1.0)
+            if not chunk and time.monotonic() - idle_since > self.retry_seconds:
+                raise SourceError(
+                    f"kafka {self.settings.bootstrap_servers}: nothing read from {topic}-"
+                    f"{partition} at offset {position} for {self.retry_seconds:.0f} s "
+                    f"(range [{start}, {until})); the broker is unreachable or the partition "
+                    "lost its leader"
+                )
+            for message in chunk:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        return
+                    if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                        raise SourceError(
+                            f"kafka data loss: {topic}-{partition} offsets [{start}, {until}) of "
+                            f"a recorded batch were removed (retention or deletion) before they "
+                            f"were read ({error.str()}); the batch cannot be replayed exactly, "
+                            "so the job stops (or set onDataLoss: skip)"
+                        )
+                    if error.fatal():
+                        raise SourceError(f"kafka {topic}-{partition}: {error.str()}")
+                    continue  # transient (a broker restarting): librdkafka retries
+                if message.offset() >= until:
+                    return
+                position = message.offset() + 1
+                idle_since = time.monotonic()
+                yield message
+
+    def set_aside(self, topic: str, partition: int, start: int, bad: list[dict]) -> None:
+        """Count undecodable records and write them to the batch's dead-letter directory."""
+        self.malformed.add(len(bad))
+        body = "".join(json.dumps(b) + "\n" for b in bad).encode()
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"kafka-{topic}-{partition}-{start}")
+        write_atomically(Path(self.deadletter) / f"{name}.jsonl", body)
+
+
+def decode(value: bytes | None, format: str) -> tuple[Any, str | None]:
+    """(record, None), or (None, why) for a value this format cannot decode."""
+    if value is None:
+        return None, "no value (a tombstone)"
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return None, f"not UTF-8: {error}"
+    if format == "text":
+        return text, None
+    try:
+        return json.loads(text), None
+    except ValueError as error:
+        return None, f"not JSON: {error}"
+
+
+def kafka_source(ssc: StreamingContext, source: Source) -> InputDStream:
+    assert source.kafka is not None
+    return KafkaInputDStream(ssc, source.kafka)
+
+
+# -- the sink --------------------------------------------------------------------------------
+
+
+def key_and_value(record: Any, key_field: str | None) -> tuple[Any, Any]:
+    """A pair (k, v) is key k and value v; a dict with `key_field` is keyed by that field and
+    written whole; anything else has no key."""
+    if isinstance(record, tuple) and len(record) == 2:
+        return record
+    if key_field is not None and isinstance(record, dict):
+        return record.get(key_field), record
+    return None, record
+
+
+def encode(value: Any, format: str) -> bytes | None:
+    """A value as `format` says: JSON (what is not JSON becomes its string), or text."""
+    if value is None or isinstance(value, bytes):
+        return value
+    if format == "text":
+        return str(value).encode()
+    return json.dumps(value, default=str).encode()
+
+
+def encode_key(key: Any) -> bytes | None:
+    if key is None or isinstance(key, bytes):
+        return key
+    return (key if isinstance(key, str) else json.dumps(key, default=str)).encode()
+
+
+class KafkaSink:
+    """A `foreachRDD` function writing each batch of one output stream to a topic."""
+
+    def __init__(self, job: str, settings: KafkaSinkSettings, output: int = 0):
+        self.job = job
+        self.settings = settings
+        self.output = output
+        self.transactional_id = f"dstream-{job}-{settings.topic}-{output}"
+        self.commit_key = f"{job}/{settings.topic}/{output}".encode()
+        self._config = client_config(settings)
+        self._producer: Producer | None = None
+        self._committed_ms: int | None = None  # the last committed batch's time, once read
+
+    def __call__(self, time: datetime, rdd: RDD) -> None:
+        batch_ms = time_to_ms(time)
+        records = rdd.collect()
+        try:
+            if self.settings.delivery == "atLeastOnce":
+                self.write_idempotent(batch_ms, records)
+            else:
+                self.write_transaction(batch_ms, records)
+        except (KafkaException, BufferError) as error:
+            self.close()  # the next attempt starts over: init_transactions settles this one
+            raise RuntimeError(f"kafka sink {self.settings.topic}: {error}") from None
+
+    def producer(self, transactional: bool) -> Producer:
+        if self._producer is None:
+            config = {**self._config, "enable.idempotence": True, "acks": "all"}
+            if transactional:
+                config["transactional.id"] = self.transactional_id
+            self._producer = Producer(config)
+            if transactional:
+                self._producer.init_transactions(REQUEST_TIMEOUT_S * 3)
+        return self._producer
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(1)
+        self._producer = None
+        self._committed_ms = None
+
+    def write_transaction(self, batch_ms: int, records: list[Any]) -> None:
+        """Records and the batch's commit record in one transaction; nothing if the batch's
+        commit record is there already."""
+        producer = self.producer(transactional=True)  # fences a killed driver's producer first
+        if batch_ms <= self.committed_ms():
+            log.info("batch %s already committed to %s", batch_ms, self.settings.topic)
+            return
+        producer.begin_transaction()
+        try:
+            self.produce_all(producer, batch_ms, records)
+            commit = {"batchTimeMs": batch_ms, "records": len(records)}
+            producer.produce(
+                self.settings.commit_topic,
+                key=self.commit_key,
+                value=json.dumps(commit).encode(),
+                partition=0,
+            )
+            producer.commit_transaction(REQUEST_TIMEOUT_S * 3)
+        except (KafkaException, BufferError):
+            self.abort(producer)
+            raise
+        self._committed_ms = batch_ms
+
+    def write_idempotent(self, batch_ms: int, records: list[Any]) -> None:
+        producer = self.producer(transactional=False)
+        self.produce_all(producer, batch_ms, records)
+
+    def produce_all(self, producer: Producer, batch_ms: int, records: list[Any]) -> None:
+        """Send the records and wait for every acknowledgement; KafkaException if one failed."""
+        header = [(BATCH_TIME_HEADER, datetime.fromtimestamp(batch_ms / 1000, UTC).isoformat())]
+        failed: list[KafkaError] = []
+
+        def delivered(error: KafkaError | None, _message: Any) -> None:
+            if error is not None:
+                failed.append(error)
+
+        for record in records:
+            key, value = key_and_value(record, self.settings.key_field)
+            message = {
+                "key": encode_key(key),
+                "value": encode(value, self.settings.format),
+                "headers": header,
+                "on_delivery": delivered,
+            }
+            while True:
+                try:
+                    producer.produce(self.settings.topic, **message)
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain it
+                    producer.poll(0.1)
+            producer.poll(0)
+        left = producer.flush(REQUEST_TIMEOUT_S * 3)
+        if left or failed:
+            first = failed[0] if failed else KafkaError(KafkaError._TIMED_OUT, f"{left} unsent")
+            raise KafkaException(first)
+
+    def committed_ms(self) -> int:
+        """The time of the last batch this output committed (-1: none), read once per producer
+        from the commit topic (created when missing)."""
+        if self._committed_ms is None:
+            self.create_commit_topic()
+            self._committed_ms = last_commit(
+                self._config, self.settings.commit_topic, self.commit_key
+            )
+        return self._committed_ms
+
+    def create_commit_topic(self) -> None:
+        admin = AdminClient(self._config)
+        topic = NewTopic(
+            self.settings.commit_topic, num_partitions=1, config={"cleanup.policy": "compact"}
+        )
+        try:
+            admin.create_topics([topic])[self.settings.commit_topic].result(REQUEST_TIMEOUT_S * 3)
+        except KafkaException as error:
+            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+
+    @staticmethod
+    def abort(producer: Producer) -> None:
+        try:
+            producer.abort_transaction(REQUEST_TIMEOUT_S)
+        except KafkaException as error:
+            log.warning("aborting the kafka transaction failed (%s); the next one fences it", error)
+
+
+def last_commit(config: dict[str, Any], topic: str, key: bytes) -> int:
+    """The newest batch time committed under `key` in the commit topic, read as read_committed
+    up to the end the topic had when asked: the writer's own zombie transaction is aborted by
+    then (init_transactions), and another writer's open one ends within its transaction timeout,
+    so the wait for it is bounded."""
+    consumer = Consumer(
+        {
+            **config,
+            "group.id": "dstream-commit-reader",  # never joined nor committed: assign only
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        partition = TopicPartition(topic, 0, OFFSET_BEGINNING)
+        _low, end = consumer.get_watermark_offsets(partition, timeout=REQUEST_TIMEOUT_S)
+        consumer.assign([partition])
+        newest, deadline = -1, time.monotonic() + COMMIT_READ_S
+        while end > 0:
+            message = consumer.poll(1.0)
+            if time.monotonic() > deadline:
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"reading {topic}"))
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF and message.offset() >= end:
+                    break
+                if error.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(error)
+                continue
+            if message.key() == key:
+                newest = max(newest, json.loads(message.value())["batchTimeMs"])
+            if message.offset() + 1 >= end:
+                break
+        return newest
+    finally:
+        consumer.close()
+
+
+def kafka_sink(job: StreamingJob, output: int) -> KafkaSink:
+    assert job.spec.sink.kafka is not None
+    return KafkaSink(job.metadata.name, job.spec.sink.kafka, output)

@@ -1,0 +1,236 @@
+"""A real Apache Kafka broker for the tests: single node, KRaft (broker and controller in one JVM).
+
+The jars come from `.ci/install-kafka` (Maven Central, cached; `make test` runs it first, and the
+fixture runs it again, which is instant once cached, to learn where they are). Storage is
+formatted once under the test's directory and kept across `restart()`, which is how the tests
+restart the broker mid-run. Two client listeners: PLAINTEXT on `port` and SASL_PLAINTEXT (PLAIN,
+user `alice`, password `alice-secret`) on `sasl_port`, for the login tests.
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import uuid
+from pathlib import Path
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from servers import Server, accepts_connections, free_port
+
+INSTALLER = Path(__file__).resolve().parents[1] / ".ci" / "install-kafka"
+SASL_USER, SASL_PASSWORD = "alice", "alice-secret"
+# Small heap, quick start: the broker holds a few MB of test data.
+JVM_OPTIONS = ["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
+
+
+def kafka_libs() -> Path:
+    """The broker's jar directory, installed by .ci/install-kafka when missing."""
+    done = subprocess.run(
+        ["bash", str(INSTALLER)], check=True, stdout=subprocess.PIPE, text=True, timeout=600
+    )
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+class KafkaServer(Server):
+    """One KRaft node on free loopback ports; `format()` once before the first `start()`."""
+
+    def __init__(self, directory: Path):
+        super().__init__(directory)
+        self.controller_port = free_port()
+        self.sasl_port = free_port()
+        self.libs = kafka_libs()
+        self.config = directory / "server.properties"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.sasl_port}"
+
+    def properties(self) -> dict[str, str]:
+        jaas = (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'user_{SASL_USER}="{SASL_PASSWORD}";'
+        )
+        return {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},"
+            f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port},"
+            f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},"
+            f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,"
+            "SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
+            "log.dirs": str(self.directory / "data"),
+            "num.partitions": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "3",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "3",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "false",
+            # a transaction left open by a killed producer is aborted quickly
+            "transaction.max.timeout.ms": "60000",
+        }
+
+    def format(self) -> None:
+        """Write the configuration and format the storage (Kafka's `kafka-storage format`)."""
+        self.config.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        done = subprocess.run(
+            # `=`: a random ID may start with "-", which would read as an option
+            [*self.java(), "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}"]
+            + ["--config", str(self.config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, f"kafka-storage format failed: {done.stdout}{done.stderr}"
+
+    def java(self) -> list[str]:
+        return ["java", *JVM_OPTIONS, "-cp", f"{self.libs}/*"]
+
+    def command(self) -> list[str]:
+        return [*self.java(), "kafka.Kafka", str(self.config)]
+
+    def ready(self) -> bool:
+        """The broker answers a metadata request (the port opens before it can serve)."""
+        if not accepts_connections(self.port):
+            return False
+        try:
+            metadata = self.admin().list_topics(timeout=1)
+        except KafkaException:
+            return False
+        return bool(metadata.brokers)
+
+    def start(self) -> None:
+        super().start(timeout_s=90)
+
+    def admin(self) -> AdminClient:
+        # log_level 0: librdkafka would print every refused connection while the broker is down
+        return AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+
+    def create_topic(self, name: str, partitions: int = 1, **config: str) -> None:
+        topic = NewTopic(name, num_partitions=partitions, replication_factor=1, config=config)
+        admin = self.admin()  # kept until the result: a collected client cancels its requests
+        admin.create_topics([topic])[name].result(30)
+
+    def add_partitions(self, name: str, total: int) -> None:
+        admin = self.admin()
+        admin.create_partitions([NewPartitions(name, total)])[name].result(30)
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    values: list[str | bytes],
+    partition: int | None = None,
+    keys: list[str] | None = None,
+) -> None:
+    """Write values (to one partition, or by key, or round-robin) and wait for every ack."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for i, value in enumerate(values):
+        where = {} if partition is None else {"partition": partition}
+        key = keys[i] if keys is not None else None
+        producer.produce(topic, value=value, key=key, **where)
+        if i % 1000 == 0:
+            producer.poll(0)
+    assert producer.flush(30) == 0, f"unacknowledged records to {topic}"
+
+
+def transaction(bootstrap: str, topic: str, values: list[str], commit: bool, partition: int = 0):
+    """One transaction of values into one partition, committed or aborted."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": f"test-{uuid.uuid4().hex[:8]}"}
+    )
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for value in values:
+        producer.produce(topic, value=value, partition=partition)
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.flush(30)
+        producer.abort_transaction(30)
+
+
+def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Message]:
+    """Every message of a topic as a consumer with `isolation` sees it, up to its end."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-reader-{uuid.uuid4().hex[:8]}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    metadata = consumer.list_topics(topic, timeout=30)
+    partitions = [
+        TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.topics[topic].partitions
+    ]
+    consumer.assign(partitions)
+    found, ended = [], set()
+    while len(ended) < len(partitions):
+        message = consumer.poll(10)
+        assert message is not None, f"no end of {topic} within 10 s"
+        if message.error() is None:
+            found.append(message)
+        elif message.error().code() == KafkaError._PARTITION_EOF:
+            ended.add(message.partition())
+        else:
+            raise KafkaException(message.error())
+    consumer.close()
+    return found
+
+
+def read_range(bootstrap: str, topic: str, partition: int, start: int, until: int) -> list[Message]:
+    """The committed messages of offsets [start, until) of one partition, read back (a test's
+    reference for what a recorded range holds)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "test-range-reader",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.assign([TopicPartition(topic, partition, start)])
+    found: list[Message] = []
+    try:
+        while start < until:
+            message = consumer.poll(10)
+            assert message is not None, f"{topic}-{partition} not read to {until} within 10 s"
+            error = message.error()
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                break
+            if error is not None:
+                raise KafkaException(error)
+            if message.offset() >= until:
+                break
+            found.append(message)
+    finally:
+        consumer.close()
+    return found
