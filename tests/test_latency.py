@@ -245,3 +245,26 @@ def test_a_file_stream_restored_from_a_checkpoint_older_than_latency_measures_to
     finally:
         restored.stop(stopSparkContext=False)
     assert info.latency is not None and info.latency.records == 2
+
+
+def test_records_available_after_the_batch_time_count_at_age_zero_and_all_count():
+    """A batch planned late takes records that arrived after its time: none is lost, none
+    gets a negative age, and the work stays one count per bin."""
+    times = [900, 950, 1000, 1200, 1500]  # batch time 1000: two arrived after it
+    calls = []
+
+    def available_by(at_ms: int) -> int:
+        calls.append(at_ms)
+        return sum(1 for t in times if t <= at_ms)
+
+    ages = latency.ages_of_schedule(1000, min(times), max(times), available_by)
+    assert ages == {100: 1, 50: 1, 0: 3}
+    assert len(calls) <= 200
+
+
+def test_the_first_time_a_count_is_reached_is_found_past_the_hint():
+    def count_by(t: int) -> int:
+        return max(0, (t - 5_000) // 7)
+
+    assert latency.first_time_reaching(count_by, 1, 0, 1_000) == 5_007
+    assert latency.first_time_reaching(count_by, 3, 0, 1_000_000) == 5_021

@@ -455,25 +455,21 @@ class RateInputDStream(InputDStream):
         return self._ssc._graph.zero_ms + -(-(number + 1) * 1000 // self.records_per_second)
 
     def record_ages(self, time_ms: int, planned: Any) -> Ages | None:
-        """Exact from the range and the schedule: no task counts anything."""
+        """Exact from the range and the source's own schedule (`_available`, which a source
+        with another offered rate overrides): no task counts anything."""
         slices = [(p, start, end) for p, (start, end) in enumerate(planned) if end > start]
         if not slices:
             return None
-        zero_ms, parts, rate = self._ssc._graph.zero_ms, self.partitions, self.records_per_second
 
         def available_by(at_ms: int) -> int:
-            """Records of the range available at or before at_ms (a plain loop: it runs once
-            per age bin, a thousand times for a 1 s batch)."""
-            highest = rate * max(0, at_ms - zero_ms) // 1000 - 1  # the last record number
-            total = 0
-            for p, start, end in slices:
-                reached = (highest - p) // parts + 1  # offsets of partition p available
-                if reached > start:
-                    total += min(reached, end) - start
-            return total
+            """Records of the range available at or before at_ms (once per age bin)."""
+            reached = self._available(at_ms)
+            return sum(min(max(reached[p], start), end) - start for p, start, end in slices)
 
-        first = min(self.available_at(p, start) for p, start, _end in slices)
-        last = max(self.available_at(p, end - 1) for p, _start, end in slices)
+        total = sum(end - start for _p, start, end in slices)
+        zero_ms = self._ssc._graph.zero_ms
+        first = latency.first_time_reaching(available_by, 1, zero_ms, time_ms)
+        last = latency.first_time_reaching(available_by, total, zero_ms, time_ms)
         return latency.ages_of_schedule(time_ms, first, last, available_by)
 
     def _read(self, time_ms: int, planned: Any) -> RDD:

@@ -156,7 +156,7 @@ class DStreamGraph:
         the graph without waiting for the records or collecting them to the driver."""
         assert self.checkpoint_path is not None, "RDDs are stored only into a checkpoint"
         stored = StoredRDD(
-            str(self.checkpoint_path / "rdds" / uuid.uuid4().hex), rdd.getNumPartitions()
+            str(self.checkpoint_path.resolve() / "rdds" / uuid.uuid4().hex), rdd.getNumPartitions()
         )
         setattr(rdd, _STORED_AS, stored)
         writer = threading.Thread(

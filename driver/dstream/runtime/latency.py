@@ -84,16 +84,36 @@ def merged(parts: Iterable[Ages | None]) -> Ages:
     return total
 
 
+def first_time_reaching(
+    count_by: Callable[[int], int], count: int, lo_ms: int, hint_ms: int
+) -> int:
+    """The first millisecond at or after lo_ms at which `count_by` (a count that never falls)
+    reaches `count`, searched from hint_ms outwards: a time the records are known to exist by."""
+    hi_ms = max(lo_ms, hint_ms)
+    step = max(1, hi_ms - lo_ms)
+    while count_by(hi_ms) < count:
+        lo_ms, hi_ms, step = hi_ms + 1, hi_ms + step, step * 2
+    while lo_ms < hi_ms:
+        middle = (lo_ms + hi_ms) // 2
+        if count_by(middle) >= count:
+            hi_ms = middle
+        else:
+            lo_ms = middle + 1
+    return lo_ms
+
+
 def ages_of_schedule(
     batch_ms: int, first_ms: int, last_ms: int, available_by: Callable[[int], int]
 ) -> Ages:
     """The Ages of records whose availability is known as a count, without visiting a record:
-    `available_by(t)` is how many of them were available at or before t, and all were between
-    first_ms and last_ms (both at or before batch_ms). One call per bin."""
+    `available_by(t)` is how many of them were available at or before t, all of them between
+    first_ms and last_ms. One call per bin. A record that became available after the batch
+    time (a batch planned late, under coalescing, takes what arrived until then) counts as
+    age 0: its latency is overstated by at most that wait, never understated."""
     ages: Ages = {}
-    bin_ms = age_bin(batch_ms - last_ms)
-    oldest = batch_ms - first_ms
-    newer = available_by(batch_ms - bin_ms)
+    bin_ms = age_bin(max(0, batch_ms - last_ms))
+    oldest = max(0, batch_ms - first_ms)
+    newer = available_by(max(batch_ms - bin_ms, last_ms))
     while bin_ms <= oldest:
         upper = next_bin(bin_ms)
         older = available_by(batch_ms - upper)
