@@ -3,7 +3,7 @@
 Each case runs on our engine in test_dstream_ops.py and, in test_pyspark_parity.py, on
 pyspark.streaming itself in the same SparkContext, so "same results" is checked, not assumed.
 Many inputs and expected outputs come from Apache Spark's
-python/pyspark/streaming/tests/test_dstream.py (Apache License 2.0; see NOTICE).
+python/pyspark/streaming/tests/test_dstream.py (Apache-2.0; see NOTICE).
 """
 
 from __future__ import annotations
