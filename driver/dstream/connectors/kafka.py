@@ -147,6 +147,9 @@ class KafkaInputDStream(InputDStream):
     is admitted, so the batch log alone tells a restarted driver where to go on; `lost` are the
     ranges skipped under onDataLoss: skip."""
 
+    # This run's clients: not checkpointed; a restored graph opens its own (_attach).
+    _UNPICKLED = (*InputDStream._UNPICKLED, "_admin", "_group", "_watch")
+
     def __init__(
         self,
         ssc: StreamingContext,
@@ -176,13 +179,6 @@ class KafkaInputDStream(InputDStream):
     def _connect_admin(self) -> None:
         self._watch = LoginWatch()
         self._admin = AdminClient({**client_config(self.settings), "error_cb": self._watch})
-
-    def __getstate__(self) -> dict[str, Any]:
-        """The checkpointed graph keeps no client: a restored graph opens its own (_attach)."""
-        state = super().__getstate__()
-        for handle in ("_admin", "_group", "_watch"):
-            state.pop(handle, None)
-        return state
 
     def _attach(self, ssc: StreamingContext) -> None:
         super()._attach(ssc)

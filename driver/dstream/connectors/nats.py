@@ -117,6 +117,9 @@ class NatsInputDStream(InputDStream):
     """Messages of one JetStream stream, as text; a planned range is
     `{"next": the first sequence of the following batch, "slices": [[first, last], ...]}`."""
 
+    # This run's thread: not checkpointed; a restored graph opens its own (_attach).
+    _UNPICKLED = (*InputDStream._UNPICKLED, "_thread")
+
     def __init__(
         self,
         ssc: StreamingContext,
@@ -140,12 +143,6 @@ class NatsInputDStream(InputDStream):
 
     def signature(self) -> dict[str, Any]:
         return {**super().signature(), "stream": self.stream, "subjects": self.subjects}
-
-    def __getstate__(self) -> dict[str, Any]:
-        """The checkpointed graph keeps no thread: a restored graph starts its own (_attach)."""
-        state = super().__getstate__()
-        state.pop("_thread", None)
-        return state
 
     def _attach(self, ssc: StreamingContext) -> None:
         super()._attach(ssc)

@@ -120,6 +120,9 @@ class RedisInputDStream(InputDStream):
     directory; without `field`, a record is the dict of all the entry's fields.
     """
 
+    # This run's connections: not checkpointed; a restored graph opens its own (_attach).
+    _UNPICKLED = (*InputDStream._UNPICKLED, "_client", "_probe", "_slices")
+
     def __init__(
         self,
         ssc: StreamingContext,
@@ -146,14 +149,6 @@ class RedisInputDStream(InputDStream):
         self._client = connect(self.url, self.retry_seconds)
         self._probe = connect(self.url, 0)  # metrics scrapes must not wait out a broker restart
         self._slices = self._client.register_script(SLICES_SCRIPT)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """The checkpointed graph keeps no connection: they belong to the driver that opened
-        them, and a restored graph opens its own (_attach)."""
-        state = super().__getstate__()
-        for handle in ("_client", "_probe", "_slices"):
-            state.pop(handle, None)
-        return state
 
     def _attach(self, ssc: StreamingContext) -> None:
         super()._attach(ssc)
