@@ -17,14 +17,15 @@ from pathlib import Path
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
+    IsolationLevel,
     KafkaError,
     KafkaException,
     Message,
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
-from servers import Server, accepts_connections, free_port
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
+from servers import Server, accepts_connections, free_port, wait_for
 
 INSTALLER = Path(__file__).resolve().parents[1] / ".ci" / "install-kafka"
 SASL_USER, SASL_PASSWORD = "alice", "alice-secret"
@@ -172,6 +173,26 @@ def transaction(bootstrap: str, topic: str, values: list[str], commit: bool, par
     else:
         producer.flush(30)
         producer.abort_transaction(30)
+    wait_until_stable(bootstrap, topic)
+
+
+def wait_until_stable(bootstrap: str, topic: str, timeout_s: float = 30) -> None:
+    """Wait for the last stable offset of each partition of the topic to reach its end. A
+    transaction's end returns once the coordinator has decided; its markers, which move the
+    LSO, follow."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = admin.list_topics(topic, timeout=30).topics[topic].partitions
+    wanted = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
+
+    def ends(level: IsolationLevel) -> dict[int, int]:
+        futures = admin.list_offsets(wanted, isolation_level=level)
+        return {tp.partition: future.result(30).offset for tp, future in futures.items()}
+
+    wait_for(
+        lambda: ends(IsolationLevel.READ_COMMITTED) == ends(IsolationLevel.READ_UNCOMMITTED),
+        timeout_s,
+        f"the last stable offsets of {topic} reaching its end",
+    )
 
 
 def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Message]:

@@ -8,10 +8,11 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
+from confluent_kafka import Message
 from dstream.connectors.kafka import BATCH_TIME_HEADER, KafkaSink
 from dstream.spec import KafkaSink as KafkaSinkSettings
 from dstream.spec import SpecError, parse_job
-from kafka_server import read_all
+from kafka_server import read_all, wait_until_stable
 from running_driver import manifest
 from streams import manual_context, run_batches
 
@@ -31,8 +32,14 @@ def sink(kafka_server, topic: str, job: str = JOB, **options) -> KafkaSink:
     return KafkaSink(job, settings)
 
 
+def committed(kafka_server, topic: str, isolation: str = "read_committed") -> list[Message]:
+    """The topic's messages once no transaction's markers are still on their way."""
+    wait_until_stable(kafka_server.bootstrap, topic)
+    return read_all(kafka_server.bootstrap, topic, isolation)
+
+
 def values(kafka_server, topic: str, isolation: str = "read_committed") -> list:
-    return [json.loads(m.value()) for m in read_all(kafka_server.bootstrap, topic, isolation)]
+    return [json.loads(m.value()) for m in committed(kafka_server, topic, isolation)]
 
 
 def test_each_batch_is_one_transaction_with_keys_and_its_time_in_a_header(sc, kafka_server):
@@ -41,7 +48,7 @@ def test_each_batch_is_one_transaction_with_keys_and_its_time_in_a_header(sc, ka
     batches = [[("a", 1), ("b", 2)], [{"word": "c", "n": 3}]]
     ssc.queueStream(batches).foreachRDD(sink(kafka_server, topic, keyField="word"))
     run_batches(ssc, 2)
-    messages = read_all(kafka_server.bootstrap, topic)
+    messages = committed(kafka_server, topic)
     assert [(m.key(), json.loads(m.value())) for m in messages] == [
         (b"a", 1),
         (b"b", 2),
@@ -92,7 +99,7 @@ def test_at_least_once_writes_a_rerun_again_and_text_format(kafka_server, sc):
     batch = sc.parallelize(["x", "y"], 1)
     writer(datetime.fromtimestamp(1000), batch)
     writer(datetime.fromtimestamp(1000), batch)
-    found = [m.value() for m in read_all(kafka_server.bootstrap, topic)]
+    found = [m.value() for m in committed(kafka_server, topic)]
     assert found == [b"x", b"y", b"x", b"y"]
 
 

@@ -15,7 +15,7 @@ from dstream.runtime.clock import ManualClock
 from dstream.service.metrics import StreamingMetrics
 from dstream.sources import SourceError
 from dstream.spec import KafkaSource, SpecError, parse_job, password_env
-from kafka_server import SASL_PASSWORD, SASL_USER, produce, transaction
+from kafka_server import SASL_PASSWORD, SASL_USER, produce, transaction, wait_until_stable
 from running_driver import manifest, run_until_exit
 from streams import run_batches
 
@@ -144,6 +144,7 @@ def test_an_open_transaction_is_not_planned_until_it_ends(ssc, kafka_server):
     assert source.plan(1000, None)["slices"] == [[topic, 0, 0, 1]]  # stops at the LSO
     assert source.compute(1000).collect() == ["before"]
     producer.commit_transaction(30)
+    wait_until_stable(kafka_server.bootstrap, topic)
     source.plan(2000, None)
     assert source.compute(2000).collect() == ["pending", "after"]
 
