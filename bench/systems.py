@@ -14,8 +14,6 @@ numbered by input interval k (batch k holds interval k's records, `bench.feed`).
 
 from __future__ import annotations
 
-import contextlib
-import heapq
 import json
 import os
 import shutil
@@ -23,7 +21,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -145,7 +142,8 @@ class System:
         try:
             stop = self.start(workload, variant, rate, workdir)
             try:
-                self.wait_for(warmup + measured, time.monotonic() + timeout_s)
+                trailing = self.output_lag(workload, variant)
+                self.wait_for(warmup + measured + trailing, time.monotonic() + timeout_s)
             finally:
                 stop()
         finally:
@@ -162,6 +160,10 @@ class System:
     def interval(self, key: int) -> int:
         """The input interval k of an output key (a batch time for the DStream systems)."""
         raise NotImplementedError
+
+    def output_lag(self, workload: str, variant: str) -> int:
+        """How many batches after its own a batch's output comes (a trial runs them too)."""
+        return 0
 
     def start(self, workload: str, variant: str, rate: int, checkpoint: str) -> Callable[[], None]:
         """Start the job, recovering from `checkpoint` when it holds an earlier run; returns
@@ -327,15 +329,23 @@ def _legacy_listener(
 
 
 class StructuredSystem(System):
-    """Structured Streaming, DataFrame API, 1 s trigger, in two formulations:
-    - plain: grep with `rlike`; counts with `groupBy(window(ts, 30 s, 1 s), word).count()`,
+    """Structured Streaming, DataFrame API, one trigger per batch interval, in two formulations:
+    - plain: grep with `rlike`; counts with `groupBy(window(ts, 30 s, slide), word).count()`,
       update mode, the default state store; a micro-batch outputs the current window's counts
       of the words it updated (update mode's semantics, checked as such);
-    - expert: grep with `contains`; counts aggregated per event second in each micro-batch and
-      the 30 s window kept as a running sum on the driver (`SlidingSumSink`): no state store."""
+    - expert: grep with `contains`; counts as Spark 4's experts chain window aggregations: a
+      pre-aggregate per batch interval, then the sliding window over its `window_time`, in
+      append mode, on the RocksDB state store with changelog checkpointing. Append mode emits a
+      window once the watermark has passed its end, so the window that ends with interval k
+      comes out OUTPUT_LAG triggers after the one that read k; its latency includes them."""
 
     name = "structured"
     variants = ("plain", "expert")
+    OUTPUT_LAG = 2
+    STATE_STORES = {
+        "plain": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+        "expert": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    }
 
     def __init__(self, sc: SparkContext, partitions: int):
         from pyspark.sql import SparkSession
@@ -343,9 +353,16 @@ class StructuredSystem(System):
         super().__init__(sc, partitions)
         self.spark = SparkSession(sc)
         self.spark.conf.set("spark.sql.ansi.enabled", "false")  # feed.pool_index_column wraps
+        self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))  # state partitions
+        self.spark.conf.set(
+            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true"
+        )
         self.pool = feed.pool_frame(self.spark, SEED, RECORD_BYTES).cache()
         self.pool.count()
         self._progress: list[dict[str, Any]] = []
+        self._emitted: dict[int, int] = {}  # interval k -> the micro-batch that output it
+        self._appends = False  # whether outputs come OUTPUT_LAG micro-batches later
+        self._rate = 0
         self._wall_clock = False
 
     def lines(self, rate: int, start_ms: int, wall_clock: bool) -> Any:
@@ -358,11 +375,13 @@ class StructuredSystem(System):
         if wall_clock:
             source = reader.format("rate").option("rowsPerSecond", rate).load()
         else:
+            if rate * self.batch_ms % 1000:
+                raise ValueError(f"structured: {rate}/s is no whole number of rows per batch")
             source = (
                 reader.format("rate-micro-batch")
-                .option("rowsPerBatch", rate)
+                .option("rowsPerBatch", rate * self.batch_ms // 1000)
                 .option("startTimestamp", start_ms)
-                .option("advanceMillisPerBatch", 1000)
+                .option("advanceMillisPerBatch", self.batch_ms)
                 .load()
             )
         indexed = source.withColumn("idx", feed.pool_index_column("value", self.partitions, SEED))
@@ -373,14 +392,15 @@ class StructuredSystem(System):
     ) -> Callable[[], None]:
         from pyspark.sql import functions as sf
 
-        if self.batch_ms != 1000:
-            raise ValueError(
-                f"structured: batch interval {self.batch_ms} ms; its formulations run 1 s "
-                "triggers only (--batch-interval applies to dstream and pyspark.streaming)"
-            )
         self._progress = []
+        self._emitted = {}
+        self._appends = self.output_lag(workload, variant) > 0
+        self._rate = rate
         self._checkpoint = checkpoint
         self._wall_clock = wall_clock
+        self.spark.conf.set(
+            "spark.sql.streaming.stateStore.providerClass", self.STATE_STORES[variant]
+        )
         expert = variant == "expert"
         start_ms = (int(time.time()) - 60) * 1000  # whole seconds: window ends are aligned
         lines = self.lines(rate, start_ms, wall_clock)
@@ -393,24 +413,30 @@ class StructuredSystem(System):
         else:
             words = lines.select(
                 sf.explode(sf.split(sf.trim("line"), " +")).alias("word"), "timestamp"
-            )
+            ).withWatermark("timestamp", "0 seconds" if expert else "1 second")
+            slide, length = f"{self.batch_ms} milliseconds", f"{WINDOW_BATCHES} seconds"
             if expert:
-                sink = SlidingSumSink(workload, os.path.join(checkpoint, "window-seconds"))
-                writer = words.writeStream.foreachBatch(sink)
+                per_interval = words.groupBy(sf.window("timestamp", slide), "word").count()
+                window = sf.window(sf.window_time("window"), length, slide)
+                counts = per_interval.groupBy(window, "word").agg(sf.sum("count").alias("count"))
+                sink = _ClosedWindowSink(workload, start_ms, self.batch_ms, self._emitted)
+                writer = counts.writeStream.outputMode("append").foreachBatch(sink)
             else:
-                window = sf.window("timestamp", f"{WINDOW_BATCHES} seconds", "1 second")
-                counts = words.withWatermark("timestamp", "1 second").groupBy(window, "word")
-                current = _CurrentWindowSink(workload, start_ms)
-                writer = counts.count().writeStream.outputMode("update").foreachBatch(current)
+                counts = words.groupBy(sf.window("timestamp", length, slide), "word").count()
+                current = _CurrentWindowSink(workload, start_ms, self.batch_ms)
+                writer = counts.writeStream.outputMode("update").foreachBatch(current)
         self._query = (
             writer.option("checkpointLocation", checkpoint)
-            .trigger(processingTime="1 second")
+            .trigger(processingTime=f"{self.batch_ms} milliseconds")
             .start()
         )
         return self._query.stop
 
+    def output_lag(self, workload: str, variant: str) -> int:
+        return self.OUTPUT_LAG if variant == "expert" and workload != "grep" else 0
+
     def interval(self, key: int) -> int:
-        return key + 1  # batch id b holds rows [b * rate, (b + 1) * rate): interval b + 1
+        return key + 1  # batch id b holds rows [b * rows, (b + 1) * rows): interval b + 1
 
     def wait_for(self, count: int, deadline: float) -> None:
         """Poll the query's progress (a completed micro-batch each) into batches; a query that
@@ -425,7 +451,10 @@ class StructuredSystem(System):
 
     def _poll(self) -> None:
         seen = {p["batchId"] for p in self._progress}
-        fresh = [p for p in self._query.recentProgress if p["batchId"] not in seen]
+        # each progress as one JSON string: converting its maps key by key through py4j
+        # raced with the query's own thread and failed a trial once
+        recent = [json.loads(p.json()) for p in self._query._jsq.recentProgress()]
+        fresh = [p for p in recent if p["batchId"] not in seen]
         self._progress += fresh
         if self.on_batch is not None and fresh and self._wall_clock:
             created = rate_source_created_ms(self._checkpoint)
@@ -433,7 +462,8 @@ class StructuredSystem(System):
                 self.on_batch(batch)
 
     def _measured(self, warmup: int) -> list[Batch]:
-        return structured_batches(self._progress, warmup)
+        emitted = self._emitted if self._appends else None
+        return structured_batches(self._progress, warmup, self._rate, self.batch_ms, emitted)
 
 
 def _record_count(df: Any, batch_id: int) -> None:
@@ -455,90 +485,55 @@ def _sql_digest(workload: str, counts: Any) -> Any:
     return [[r["word"], int(r["count"])] for r in top]
 
 
-class _CurrentWindowSink:
-    """foreachBatch of the plain formulation: the rows of the window whose newest second is
-    this micro-batch's (rate-micro-batch stamps batch b's rows start + b s)."""
+def _window_end(start_ms: int, batch_ms: int, k: int) -> Any:
+    """The end of the window whose newest interval is k (rate-micro-batch stamps micro-batch
+    b's rows start + b * batch_ms, which is interval b + 1)."""
+    from pyspark.sql import functions as sf
 
-    def __init__(self, workload: str, start_ms: int):
+    return sf.timestamp_millis(sf.lit(start_ms + k * batch_ms))
+
+
+class _CurrentWindowSink:
+    """foreachBatch of the plain formulation: the rows of the window whose newest interval is
+    this micro-batch's."""
+
+    def __init__(self, workload: str, start_ms: int, batch_ms: int):
         self.workload = workload
         self.start_ms = start_ms
+        self.batch_ms = batch_ms
 
     def __call__(self, df: Any, batch_id: int) -> None:
         from pyspark.sql import functions as sf
 
-        end = sf.timestamp_millis(sf.lit(self.start_ms + (batch_id + 1) * 1000))
+        end = _window_end(self.start_ms, self.batch_ms, batch_id + 1)
         current = df.where(sf.col("window.end") == end).select("word", "count")
         programs.OUTPUTS[batch_id] = _sql_digest(self.workload, current)
 
 
-class SlidingSumSink:
-    """foreachBatch of the expert formulation. Each micro-batch's words are counted per event
-    second in the JVM (a stateless aggregate: at most the vocabulary's ~10,000 rows a second)
-    and collected; the driver keeps the 30 s window as a running sum, adding the newest seconds
-    and subtracting those that leave it. Both sources used here deliver each second's rows in one
-    micro-batch, so a second's counts are complete when they arrive. Each second's counts are also
-    written under the query's checkpoint: a restarted driver rebuilds the window from them, and
-    a micro-batch that Spark runs again replaces its seconds rather than adding them twice."""
+class _ClosedWindowSink:
+    """foreachBatch of the expert formulation: each window that append mode closed in this
+    micro-batch (one a trigger once running), digested under the interval it ends with."""
 
-    def __init__(self, workload: str, directory: str):
+    def __init__(self, workload: str, start_ms: int, batch_ms: int, emitted: dict[int, int]):
         self.workload = workload
-        self.directory = directory
-        self.seconds: dict[int, Counter[str]] = {}
-        self.window: Counter[str] = Counter()
-        os.makedirs(directory, exist_ok=True)
-        for name in os.listdir(directory):
-            if name.endswith(".json"):
-                with open(os.path.join(directory, name)) as saved:
-                    self._put(int(name.removesuffix(".json")), Counter(json.load(saved)))
-        self._expire()
+        self.start_ms = start_ms
+        self.batch_ms = batch_ms
+        self.emitted = emitted
 
     def __call__(self, df: Any, batch_id: int) -> None:
         from pyspark.sql import functions as sf
 
-        per_second = df.groupBy(sf.unix_seconds("timestamp").alias("second"), "word").count()
-        fresh: dict[int, Counter[str]] = {}
-        for second, word, count in per_second.collect():
-            fresh.setdefault(second, Counter())[word] = count
-        self.update(fresh)
-        programs.OUTPUTS[batch_id] = self.digest()
-
-    def update(self, fresh: dict[int, Counter[str]]) -> None:
-        """Complete per-second counts into the window (saved first: the driver may die)."""
-        for second, counts in fresh.items():
-            self._save(second, counts)
-            self._put(second, counts)
-        self._expire()
-
-    def digest(self) -> Any:
-        if self.workload == "wordcount":
-            return programs.partial_count_digest(self.window.items())[0]
-        return [[w, c] for w, c in heapq.nsmallest(TOP_K, self.window.items(), key=programs.rank)]
-
-    def _put(self, second: int, counts: Counter[str]) -> None:
-        if second in self.seconds:
-            self.window -= self.seconds[second]
-        self.seconds[second] = counts
-        self.window += counts
-
-    def _expire(self) -> None:
-        """Seconds older than the window that ends with the newest one leave the sum."""
-        if not self.seconds:
-            return
-        oldest = max(self.seconds) - WINDOW_BATCHES + 1
-        for second in [s for s in self.seconds if s < oldest]:
-            self.window -= self.seconds.pop(second)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self._path(second))
-
-    def _save(self, second: int, counts: Counter[str]) -> None:
-        """Written whole or not at all (a driver may be killed mid-write)."""
-        partial = self._path(second) + ".partial"
-        with open(partial, "w") as out:
-            json.dump(counts, out)
-        os.replace(partial, self._path(second))
-
-    def _path(self, second: int) -> str:
-        return os.path.join(self.directory, f"{second}.json")
+        df.persist()  # several actions: the stateful plan runs once
+        try:
+            ends = df.select(sf.unix_millis("window.end").alias("end")).distinct().collect()
+            for (end_ms,) in ends:
+                k = (end_ms - self.start_ms) // self.batch_ms
+                end = _window_end(self.start_ms, self.batch_ms, k)
+                window = df.where(sf.col("window.end") == end).select("word", "count")
+                programs.OUTPUTS[k - 1] = _sql_digest(self.workload, window)
+                self.emitted[k] = batch_id
+        finally:
+            df.unpersist()
 
 
 def rate_source_created_ms(checkpoint: str) -> int:
@@ -580,20 +575,40 @@ def _started_ms(progress: dict[str, Any]) -> int:
     return round(stamp.timestamp() * 1000)
 
 
-def structured_batches(progress: list[dict[str, Any]], warmup: int) -> list[Batch]:
-    """Batch timings from query progress. Batch b's input is interval b of a 1 s schedule that
-    starts with the first measured batch (b = warmup): the rate-micro-batch source admits one
-    interval per trigger and never catches up, so a lag left by the (slow) first batches would
-    otherwise stay in every later delay; from there on a slow batch delays all later ones."""
+def structured_batches(
+    progress: list[dict[str, Any]],
+    warmup: int,
+    rate: int,
+    batch_ms: int = 1000,
+    emitted: dict[int, int] | None = None,
+) -> list[Batch]:
+    """Batch timings from query progress. Batch b's input is interval b + 1 of a schedule
+    that starts with the first measured batch (b = warmup): the rate-micro-batch source admits
+    one interval per trigger and never catches up, so a lag left by the (slow) first batches
+    would otherwise stay in every later delay; from there on a slow batch delays all later ones.
+
+    Its records' latency runs from their arrival on that schedule (spread over the interval, as
+    the DStream systems' rate sources have them) to the end of the micro-batch that output
+    them: b itself, or in append mode the one `emitted` names (interval -> micro-batch)."""
     measured = sorted((p for p in progress if p["batchId"] >= warmup), key=lambda p: p["batchId"])
     if not measured:
         return []
     # The most punctual batch defines the schedule (its scheduling delay is 0).
-    zero = min(_started_ms(p) - p["batchId"] * 1000 for p in measured)
+    zero = min(_started_ms(p) - p["batchId"] * batch_ms for p in measured)
+    ends = {p["batchId"]: _progress_batch(p, 0).end_ms for p in progress}
     batches = []
     for p in measured:
-        due = zero + p["batchId"] * 1000
-        batches.append(_progress_batch(p, due))
+        batch = _progress_batch(p, zero + p["batchId"] * batch_ms)
+        output_by = p["batchId"] if emitted is None else emitted.get(p["batchId"] + 1)
+        if output_by in ends:
+            origin = zero - batch_ms  # interval k ends at origin + k * batch_ms
+            measured_latency = scheduled_latency(
+                rate, origin, batch.time_ms, ends[output_by], batch_ms
+            )
+            if measured_latency is not None:
+                batch.latency_p50_ms = 1000 * measured_latency.p50_s
+                batch.latency_p99_ms = 1000 * measured_latency.p99_s
+        batches.append(batch)
     return batches
 
 
