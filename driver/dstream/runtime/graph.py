@@ -126,10 +126,7 @@ class DStreamGraph:
         self.remember_ms = 0
         self.checkpoint_path: Path | None = None
         self._deadletter_fallback: Path | None = None
-        self._marked: dict[int, tuple[DStream, RDD, int]] = {}
-        self._durable: dict[int, tuple[DStream, RDD, int, durable.PartWriter]] = {}
         self.coalesced: set[int] = set()  # batch times merged into a later batch (scheduler.py)
-        self._lock = threading.Lock()
         self._rdd_writes: list[threading.Thread] = []
 
     # -- pickling into the checkpoint -----------------------------------------------------
@@ -241,14 +238,16 @@ class DStreamGraph:
 
     # -- state checkpoints --------------------------------------------------------------
 
+    # Each stream's checkpoint data holds its pending writes; the graph starts them (it knows
+    # where the checkpoint is) and asks every stream's data for the completed ones.
+
     def mark_for_checkpoint(self, stream: DStream, rdd: RDD, time_ms: int) -> None:
         """Checkpoint to reliable storage when the job has a checkpoint path, else locally."""
         if self.checkpoint_path is not None:
             rdd.checkpoint()
         else:
             rdd.localCheckpoint()
-        with self._lock:
-            self._marked[id(rdd)] = (stream, rdd, time_ms)
+        stream.checkpoint_data.marked(rdd, time_ms)
 
     def write_durably(self, stream: DStream, rdd: RDD, time_ms: int) -> RDD:
         """`rdd` passing through a task-side writer of its partitions (durable.py): the
@@ -256,15 +255,13 @@ class DStreamGraph:
         directory = f"{rdd.context.getCheckpointDir()}/rdd-{rdd.id()}"
         writer = durable.PartWriter(directory, rdd.getNumPartitions())
         written = rdd.mapPartitionsWithIndex(writer, preservesPartitioning=True)
-        with self._lock:
-            self._durable[id(written)] = (stream, written, time_ms, writer)
+        stream.checkpoint_data.writing(written, time_ms, writer)
         return written
 
     def write_missing_parts(self) -> None:
         """Run a job for the durable partitions the batch's outputs did not compute (an
         output that took a few records), as Spark's checkpoint runs its own job."""
-        with self._lock:
-            pending = [(rdd, writer) for _s, rdd, _t, writer in self._durable.values()]
+        pending = [write for s in self.streams for write in s.checkpoint_data.unwritten()]
         for rdd, writer in pending:
             missing = durable.missing_parts(writer.directory, writer.partitions)
             if missing:
@@ -283,21 +280,9 @@ class DStreamGraph:
     def completed_checkpoints(self) -> dict[str, dict[str, Any]]:
         """State checkpoints written since the last call: {stream index: {time, path}}."""
         done: dict[str, dict[str, Any]] = {}
-        with self._lock:
-            for key, (stream, _rdd, time_ms, writer) in list(self._durable.items()):
-                if durable.missing_parts(writer.directory, writer.partitions):
-                    continue
-                del self._durable[key]
-                done[str(stream._index)] = {"time": time_ms, "path": writer.directory}
-                stream.checkpoint_data.keep(time_ms, writer.directory)
-            for key, (stream, rdd, time_ms) in list(self._marked.items()):
-                if not rdd.isCheckpointed():
-                    continue
-                del self._marked[key]
-                path = rdd.getCheckpointFile()
-                if path:
-                    done[str(stream._index)] = {"time": time_ms, "path": path}
-                    stream.checkpoint_data.keep(time_ms, path)
+        for stream in self.streams:
+            for time_ms, path in stream.checkpoint_data.completed():
+                done[str(stream._index)] = {"time": time_ms, "path": path}
         return done
 
     def state_paths_in_force(self) -> set[str]:
@@ -310,9 +295,9 @@ class DStreamGraph:
         return min(times) if times else None
 
     def keeps_checkpoint(self, rdd: RDD) -> bool:
-        """Checkpointed RDDs that are still a stream's newest state must stay cached."""
-        with self._lock:
-            return id(rdd) in self._marked
+        """RDDs marked for a checkpoint not yet written must stay cached (whichever stream
+        forgets them: a stream may hold its parent's RDD)."""
+        return any(s.checkpoint_data.pending(rdd) for s in self.streams)
 
     def deadletter_dir(self, time_ms: int) -> str:
         """Where malformed records of a batch go (under the checkpoint, else a temp dir)."""
