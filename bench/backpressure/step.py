@@ -42,8 +42,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import PARTITIONS, RECORD_BYTES, RESULTS, ROOT, SEED, kill_group
-from bench.overload import (
+from bench.backpressure.overload import (
     CostModel,
     RateSchedule,
     fit_cost,
@@ -51,18 +50,23 @@ from bench.overload import (
     pending_delays,
     settle_time,
 )
+from bench.common import (
+    ENGINES,
+    PARTITIONS,
+    RECORD_BYTES,
+    RESULTS,
+    ROOT,
+    SEED,
+    emit,
+    kill_group,
+)
 
-SYSTEMS = ("dstream", "pyspark.streaming")
 DEFAULT_INTERVAL_S = 1.0
 LOW, HIGH, INITIAL = 0.3, 10.0, 2.0  # times the sustainable rate
 SETTLED_DELAY_INTERVALS = 2
 MIN_SETTLED_BATCHES = 5
 CALIBRATION = ((1_000, 5.0), (20_000, 6.0))  # (records/s, seconds), then 0.6x the prediction
 SOCKET_LINES = 65_536  # the socket server cycles through this many lines
-
-
-def emit(**fields: Any) -> None:
-    print(json.dumps(fields), flush=True)
 
 
 # -- the program, the same text for both systems ----------------------------------------------
@@ -116,7 +120,7 @@ class SocketServer:
     """
 
     def __init__(self, rate: float):
-        from bench.feed import textgen
+        from bench.common import textgen
 
         pool = textgen.line_pool(SEED, RECORD_BYTES)
         self._line_bytes = RECORD_BYTES + 1
@@ -166,7 +170,7 @@ def pool_indexes(partition: Any, offset: Any) -> Any:
     """textgen.line_index over numpy arrays (uint64 arithmetic wraps like splitmix64's)."""
     import numpy as np
 
-    from bench.feed import textgen
+    from bench.common import textgen
 
     with np.errstate(over="ignore"):
         z = (
@@ -181,7 +185,7 @@ def pool_indexes(partition: Any, offset: Any) -> Any:
 
 def words_of(multiplicity: Any) -> Counter[str]:
     """Word counts of records given how many times each pool line occurs."""
-    from bench.feed import textgen
+    from bench.common import textgen
 
     pool = textgen.line_pool(SEED, RECORD_BYTES)
     counts: Counter[str] = Counter()
@@ -196,7 +200,7 @@ def rate_source_words(ends: list[int]) -> Counter[str]:
     """Word counts of offsets [0, end) of each partition of the rate source."""
     import numpy as np
 
-    from bench.feed import textgen
+    from bench.common import textgen
 
     multiplicity = np.zeros(textgen.POOL_SIZE, dtype=np.int64)
     for partition, end in enumerate(ends):
@@ -211,7 +215,7 @@ def socket_words(records: int) -> Counter[str]:
     """Word counts of the first `records` lines the socket server sends."""
     import numpy as np
 
-    from bench.feed import textgen
+    from bench.common import textgen
 
     indexes = socket_line_indexes()
     cycles, rest = divmod(records, SOCKET_LINES)
@@ -256,7 +260,7 @@ class Run:
 def spark_context(backpressure: bool, initial_rate: float | None) -> Any:
     from pyspark import SparkContext
 
-    from bench.systems import spark_conf
+    from bench.common import spark_conf
 
     conf = spark_conf("local[2]", PARTITIONS, "dstream.worker.pydaemon")
     conf.set("spark.app.name", "dstream-bench-backpressure")
@@ -547,7 +551,7 @@ def worker(system: str, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--systems", default=",".join(ENGINES))
     parser.add_argument("--low-s", type=float, default=10.0, help="seconds at 0.3x before the step")
     parser.add_argument("--overload-s", type=float, default=40.0, help="seconds at 10x")
     parser.add_argument(
@@ -559,11 +563,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--docs-png", type=Path, help="also draw dstream's run alone here")
-    parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker, args)
-    from bench.backpressure_report import write_report
+    from bench.backpressure.report import write_report
 
     command = "python -m bench.backpressure " + " ".join(argv if argv is not None else sys.argv[1:])
     results = {"systems": {}, "command": command.strip(), "interval_s": args.interval_s}
@@ -620,7 +624,3 @@ def run_worker(system: str, args: argparse.Namespace) -> dict[str, Any]:
             kill_group(process)  # what is left of it: its JVM, its Python workers
     load = [{"load1": s.load1, "other_cores": s.others_cores} for s in monitor.samples]
     return {"events": events, "load": load, "returncode": process.returncode}
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,5 @@
-"""`python -m bench.stages`: how many Spark stages and tasks each batch of a stateful stream runs.
+"""`python -m bench.throughput stages`: how many Spark stages and tasks each batch of a stateful
+stream runs.
 
 State kept partitioned in place costs one shuffle per batch (the new records to their keys'
 partitions) and no more: a batch runs a shuffle-map stage over its input and one result stage
@@ -10,15 +11,13 @@ that also write a state checkpoint run one more job.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import threading
 from typing import Any
 
 from pyspark import SparkContext
 
-from bench.common import RECORD_BYTES, SEED
-from bench.systems import spark_conf
+from bench.common import RECORD_BYTES, SEED, spark_conf
 
 
 def _graphs() -> dict[str, Any]:
@@ -98,7 +97,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sc.stop()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
