@@ -7,6 +7,13 @@ The graph is pickled into the checkpoint metadata (with cloudpickle, as pyspark.
 its DStreams' functions), so `StreamingContext.getOrCreate` restores the program without running
 its setup again. What only makes sense in one run (the SparkContext, RDDs, accumulators, locks)
 is left out and re-created when the restored graph is attached to the new run's context.
+
+The graph drives its streams through their underscore methods (`_initialize`, `_remember`,
+`_clear_metadata`, `_attach`, `_restore`), as Spark's DStreamGraph drives DStream's
+private[streaming] ones: they stay out of the names a pyspark.streaming program sees. What a
+stream's checkpointing needs, including the writes of its RDDs still pending, is its
+`checkpoint_data` (runtime/checkpoint_data.py); the graph starts those writes, since it knows
+where the checkpoint is, and asks each stream's data which have completed.
 """
 
 from __future__ import annotations
@@ -180,7 +187,7 @@ class DStreamGraph:
                     reason = str(value_error).rstrip(".")
                     return (
                         f"DStream checkpointing is enabled but {what} {stream._origin} "
-                        f"(stream #{stream._index}, {type(stream).__name__}) cannot be "
+                        f"(stream #{stream.index}, {type(stream).__name__}) cannot be "
                         f"serialized: {reason}. Functions of a streaming graph are saved with "
                         "the checkpoint; they must not capture the SparkContext, the "
                         "StreamingContext or an RDD (use rdd.context inside the function)."
@@ -221,7 +228,7 @@ class DStreamGraph:
             output._remember(max(self.remember_ms, self.batch_ms))
 
     def max_remember_ms(self) -> int:
-        return max((s._remember_ms for s in self.streams), default=self.batch_ms)
+        return max((s.remember_ms for s in self.streams), default=self.batch_ms)
 
     def coalesce(self, times: list[int]) -> None:
         """These batch times are not batches: no stream has an RDD for them, and stateful
@@ -237,9 +244,6 @@ class DStreamGraph:
         self.coalesced = {t for t in self.coalesced if t >= horizon}
 
     # -- state checkpoints --------------------------------------------------------------
-
-    # Each stream's checkpoint data holds its pending writes; the graph starts them (it knows
-    # where the checkpoint is) and asks every stream's data for the completed ones.
 
     def mark_for_checkpoint(self, stream: DStream, rdd: RDD, time_ms: int) -> None:
         """Checkpoint to reliable storage when the job has a checkpoint path, else locally."""
@@ -282,7 +286,7 @@ class DStreamGraph:
         done: dict[str, dict[str, Any]] = {}
         for stream in self.streams:
             for time_ms, path in stream.checkpoint_data.completed():
-                done[str(stream._index)] = {"time": time_ms, "path": path}
+                done[str(stream.index)] = {"time": time_ms, "path": path}
         return done
 
     def state_paths_in_force(self) -> set[str]:

@@ -212,10 +212,10 @@ class CheckpointRecovery:
         log_reaches_start = first is None or first <= self._graph.zero_ms + batch
         if not log_reaches_start:
             problems += [
-                f"stream #{s._index} ({type(s).__name__}) has no readable state checkpoint and "
+                f"stream #{s.index} ({type(s).__name__}) has no readable state checkpoint and "
                 f"the batch log now starts at {datetime_of(first)}"
                 for s in self._graph.streams
-                if s.checkpoint_data.required and str(s._index) not in restored
+                if s.checkpoint_data.required and str(s.index) not in restored
             ]
         if problems:
             raise CheckpointUnrecoverableError(
