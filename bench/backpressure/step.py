@@ -59,6 +59,8 @@ from bench.common import (
     SEED,
     emit,
     kill_group,
+    spark_conf,
+    textgen,
 )
 
 DEFAULT_INTERVAL_S = 1.0
@@ -120,8 +122,6 @@ class SocketServer:
     """
 
     def __init__(self, rate: float):
-        from bench.common import textgen
-
         pool = textgen.line_pool(SEED, RECORD_BYTES)
         self._line_bytes = RECORD_BYTES + 1
         self._buffer = b"".join(pool[i].encode() + b"\n" for i in socket_line_indexes().tolist())
@@ -170,8 +170,6 @@ def pool_indexes(partition: Any, offset: Any) -> Any:
     """textgen.line_index over numpy arrays (uint64 arithmetic wraps like splitmix64's)."""
     import numpy as np
 
-    from bench.common import textgen
-
     with np.errstate(over="ignore"):
         z = (
             offset.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
@@ -185,8 +183,6 @@ def pool_indexes(partition: Any, offset: Any) -> Any:
 
 def words_of(multiplicity: Any) -> Counter[str]:
     """Word counts of records given how many times each pool line occurs."""
-    from bench.common import textgen
-
     pool = textgen.line_pool(SEED, RECORD_BYTES)
     counts: Counter[str] = Counter()
     for index in multiplicity.nonzero()[0].tolist():
@@ -200,8 +196,6 @@ def rate_source_words(ends: list[int]) -> Counter[str]:
     """Word counts of offsets [0, end) of each partition of the rate source."""
     import numpy as np
 
-    from bench.common import textgen
-
     multiplicity = np.zeros(textgen.POOL_SIZE, dtype=np.int64)
     for partition, end in enumerate(ends):
         for start in range(0, end, 5_000_000):
@@ -214,8 +208,6 @@ def rate_source_words(ends: list[int]) -> Counter[str]:
 def socket_words(records: int) -> Counter[str]:
     """Word counts of the first `records` lines the socket server sends."""
     import numpy as np
-
-    from bench.common import textgen
 
     indexes = socket_line_indexes()
     cycles, rest = divmod(records, SOCKET_LINES)
@@ -259,8 +251,6 @@ class Run:
 
 def spark_context(backpressure: bool, initial_rate: float | None) -> Any:
     from pyspark import SparkContext
-
-    from bench.common import spark_conf
 
     conf = spark_conf("local[2]", PARTITIONS, "dstream.worker.pydaemon")
     conf.set("spark.app.name", "dstream-bench-backpressure")
