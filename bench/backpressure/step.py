@@ -42,14 +42,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.backpressure.overload import (
-    CostModel,
-    RateSchedule,
-    fit_cost,
-    output_problems,
-    pending_delays,
-    settle_time,
-)
+from bench.backpressure import overload
+from bench.backpressure.overload import CostModel, RateSchedule
 from bench.common import (
     ENGINES,
     PARTITIONS,
@@ -438,7 +432,7 @@ def calibrate(system: str, interval_s: float) -> CostModel:
         samples: list[tuple[int, float]] = []
         for index in range(3):
             if index == 2:
-                model = fit_cost(samples)
+                model = overload.fit_cost(samples)
                 rate = 0.6 * model.sustainable(interval_s) if model.fixed_s < interval_s else 0
                 phases.append((max(rate, 2 * CALIBRATION[1][0]), 8.0))
             rate, seconds = phases[index]
@@ -451,7 +445,7 @@ def calibrate(system: str, interval_s: float) -> CostModel:
             emit(event="calibration-phase", system=system, rate=rate, batches=len(run.batches))
         stop()
         samples = calibration_samples(run, measured_from, seconds)
-        model = fit_cost(samples)
+        model = overload.fit_cost(samples)
         emit(
             event="calibration",
             system=system,
@@ -502,13 +496,13 @@ def step(
             batches = sorted(run.batches, key=lambda b: b["time_s"])
         outputs = run.outputs
         admitted = {round(b["time_s"] * 1000): b["records"] for b in batches}
-        problems = output_problems(
+        problems = overload.output_problems(
             outputs, admitted, ended["expected"](), ended["handed_out"], ended["all_completed"]
         )
         first_ms = min(run.covered, default=round(step_s * 1000))
-        pending = pending_delays(run.covered, first_ms, ended["stopped_s"], interval_s)
+        pending = overload.pending_delays(run.covered, first_ms, ended["stopped_s"], interval_s)
         delays = [(t / 1000, d) for t, d in run.started.items()] + pending
-        settle = settle_time(
+        settle = overload.settle_time(
             delays, step_s, SETTLED_DELAY_INTERVALS * interval_s, MIN_SETTLED_BATCHES
         )
         emit(
