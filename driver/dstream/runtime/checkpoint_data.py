@@ -45,6 +45,7 @@ class CheckpointData:
         return {k: v for k, v in self.__dict__.items() if k not in run_only} | {"_in_force": []}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restored with the graph: no write of this run is pending yet."""
         self.__dict__.update(state)
         self._run_only()
 

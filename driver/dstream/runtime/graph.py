@@ -11,10 +11,10 @@ is left out and re-created when the restored graph is attached to the new run's 
 The graph (and recovery, runtime/recovery.py) drives its streams through their underscore
 methods (`_initialize`, `_remember`, `_clear_metadata`, `_attach`, `_restore`), as Spark's
 DStreamGraph drives DStream's private[streaming] ones: they stay out of the names a
-pyspark.streaming program sees. What a
-stream's checkpointing needs, including the writes of its RDDs still pending, is its
-`checkpoint_data` (runtime/checkpoint_data.py); the graph starts those writes, since it knows
-where the checkpoint is, and asks each stream's data which have completed.
+pyspark.streaming program sees. What a stream's checkpointing needs, including the writes of
+its RDDs still pending, is its `checkpoint_data` (runtime/checkpoint_data.py); the graph starts
+those writes, since it knows where the checkpoint is, and asks each stream's data which have
+completed.
 """
 
 from __future__ import annotations
