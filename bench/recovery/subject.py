@@ -16,7 +16,7 @@ import time
 import psutil
 from pyspark import SparkContext
 
-from bench.common import DAEMONS, emit, spark_conf
+from bench.common import DAEMONS, PARTITIONS, emit, spark_conf
 from bench.throughput.systems import SYSTEM_CLASSES, Batch, StructuredSystem
 
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, required=True, help="stop after this many")
     parser.add_argument("--kill-executor-after", type=int, default=None)
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--partitions", type=int, default=PARTITIONS)
     args = parser.parse_args(argv)
     sc = SparkContext(conf=spark_conf(args.master, args.partitions, args.daemon))
     sc.setLogLevel("ERROR")

@@ -29,7 +29,7 @@ from typing import Any
 
 from pyspark import SparkContext
 
-from bench.common import DAEMONS, ENGINES, WORKER_MODULES, spark_conf
+from bench.common import DAEMONS, ENGINES, PARTITIONS, WORKER_MODULES, spark_conf
 from bench.throughput.reference import WINDOW_BATCHES
 from bench.throughput.systems import SYSTEM_CLASSES, Batch
 
@@ -65,7 +65,7 @@ def run(
     log_dir: str,
     batch_ms: int = 1000,
 ) -> list[Batch]:
-    conf = spark_conf("local[2]", 2, daemon)
+    conf = spark_conf("local[2]", PARTITIONS, daemon)
     conf.setAll(
         [
             ("spark.eventLog.enabled", "true"),
@@ -78,7 +78,7 @@ def run(
     sc.setLogLevel("ERROR")
     print(f"driver pid {os.getpid()}", file=sys.stderr, flush=True)
     try:
-        trial = SYSTEM_CLASSES[system](sc, 2).run(
+        trial = SYSTEM_CLASSES[system](sc, PARTITIONS).run(
             workload, variant, rate, 0, batches, timeout_s=3 * batches + 60, batch_ms=batch_ms
         )
     finally:

@@ -17,7 +17,7 @@ from typing import Any
 
 from pyspark import SparkContext
 
-from bench.common import RECORD_BYTES, SEED, spark_conf
+from bench.common import PARTITIONS, RECORD_BYTES, SEED, spark_conf
 
 
 def _graphs() -> dict[str, Any]:
@@ -69,7 +69,7 @@ def count_stages(sc: SparkContext, name: str, build: Any, batches: int) -> list[
 
     ssc = StreamingContext(sc, 1)
     ssc.checkpoint(tempfile.mkdtemp(prefix="bench-stages-"))
-    lines = ssc.rateStream(2000, 2, SEED, RECORD_BYTES)
+    lines = ssc.rateStream(2000, PARTITIONS, SEED, RECORD_BYTES)
     build(ssc, lines).foreachRDD(lambda rdd: rdd.count())
     counter = StageCounter(sc)
     counter.wanted = batches
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=15)
     args = parser.parse_args(argv)
-    sc = SparkContext(conf=spark_conf("local[2]", 2, "dstream.worker.pydaemon"))
+    sc = SparkContext(conf=spark_conf("local[2]", PARTITIONS, "dstream.worker.pydaemon"))
     sc.setLogLevel("ERROR")
     try:
         for name, build in _graphs().items():

@@ -19,7 +19,7 @@ from typing import Any
 
 from pyspark import SparkContext
 
-from bench.common import DAEMONS, emit, spark_conf
+from bench.common import DAEMONS, PARTITIONS, emit, spark_conf
 from bench.throughput.reference import check_outputs
 from bench.throughput.systems import SYSTEM_CLASSES, System
 from bench.throughput.trial import judge
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--system", choices=sorted(SYSTEM_CLASSES), required=True)
     parser.add_argument("--daemon", choices=DAEMONS, required=True)
-    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--partitions", type=int, default=PARTITIONS)
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
