@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import psutil
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench.common import ROOT
+
 UNCOUNTED = (":!bench/results", ":!*.md")  # what git_commit does not count as a change
 
 

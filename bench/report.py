@@ -10,11 +10,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.ceiling import GOALS
-from bench.programs import VARIANTS
-from bench.recovery import FAULTS
-from bench.reference import GREP_PATTERN, WINDOW_BATCHES
-from bench.systems import SYSTEMS, WORKLOADS
+from bench.recovery.faults import FAULTS
+from bench.throughput.ceiling import GOALS
+from bench.throughput.programs import VARIANTS
+from bench.throughput.reference import GREP_PATTERN, WINDOW_BATCHES
+from bench.throughput.systems import SYSTEMS, WORKLOADS
 
 
 def _ms(value: float | None) -> str:
@@ -179,16 +179,17 @@ def write_report(
         f"used more than {gate.limit_cores} cores over {gate.block_s:.0f} s "
         f"(at most {gate.retries} redos, then 'machine busy')",
         "- every system: `local[2]`, 2 input partitions, 2 shuffle partitions, 1 s batches, "
-        "the same 100-byte lines (`dstream.worker.textgen`'s pool, `bench/feed.py`); dstream and "
-        "pyspark.streaming run the same program text (`bench/programs.py`)",
+        "the same 100-byte lines (`dstream.worker.textgen`'s pool, `bench/throughput/feed.py`); "
+        "dstream and pyspark.streaming run the same program text "
+        "(`bench/throughput/programs.py`)",
         f"- search trials: {plan.warmup} + {plan.measured} batches; confirmation: "
         f"{plan.confirm_warmup} + {plan.confirm_measured} batches (the {WINDOW_BATCHES} s window "
         f"full for {plan.confirm_warmup + plan.confirm_measured - WINDOW_BATCHES + 1} of them); "
         f"{plan.samples} batches' outputs checked per trial",
         "- ceiling (since run 11): what the DStream program's own functions, with the lines "
-        "made, allow on two cores (`bench.ceiling`), measured before each round of the "
-        "workload's trials; median and range over the search, and the maximum's share of the "
-        "median",
+        "made, allow on two cores (`python -m bench.throughput ceiling`), measured before "
+        "each round of the workload's trials; median and range over the search, and the "
+        "maximum's share of the median",
         "",
         f"Grep counts the lines containing `{GREP_PATTERN}` per batch; WordCount counts words over "
         f"a {WINDOW_BATCHES} s window sliding every 1 s; TopK gives its 10 most frequent words. "

@@ -1,12 +1,14 @@
-"""`python -m bench`: every system and variant, interleaved on this machine, and the report.
+"""`python -m bench`: the results file of a day, bench/results/<date>.md and .json: every
+system and variant searched for its maximum rate (bench.throughput), then the recovery
+experiments at half of those maxima (bench.recovery).
 
-Two tables, one per Python worker daemon (dstream.worker.pydaemon, then pyspark.daemon): for each, one
-worker process per system (`bench.worker`, its own JVM) stays up, and the searches of all
-(system, variant) pairs for a workload advance together, one trial each in turn (the order
-reversed every round), so that a change in the machine's load reaches all of them alike. Every
-search starts from the same fixed rates, never from earlier results. Each trial runs under the
-load gate (`bench.machine`): a trial during which other processes used the CPU is redone, at
-most `--retries` times, then reported as "machine busy".
+Two tables, one per Python worker daemon (dstream.worker.pydaemon, then pyspark.daemon): for
+each, one worker process per system (its own JVM) stays up, and the searches of all (system,
+variant) pairs for a workload advance together, one trial each in turn (the order reversed
+every round), so that a change in the machine's load reaches all of them alike. Every search
+starts from the same fixed rates, never from earlier results. Each trial runs under the load
+gate (`bench.machine`): a trial during which other processes used the CPU is redone, at most
+`--retries` times, then reported as "machine busy".
 
 `--quick` (make bench-quick) runs short search trials without confirmations and prints what
 they found, labelled as not a result; it writes nothing. The full run (make bench) confirms
@@ -21,300 +23,19 @@ results already hold.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from bench.ceiling import ENGINES, ceiling_rate
-from bench.common import LOGS, RESULTS, kill_group, start_process
-from bench.machine import (
-    LoadMonitor,
-    busy_reason,
-    describe_machine,
-    git_commit,
-    others_now,
-    summarize_load,
-)
+from bench.common import DAEMONS, RESULTS
+from bench.machine import describe_machine, git_commit
+from bench.recovery.faults import run_recovery
 from bench.report import load_report, write_report
-from bench.search import RateSearch
-from bench.systems import DAEMONS, SYSTEM_CLASSES, SYSTEMS, WORKLOADS
-from bench.trial import BUSY, Verdict, percentile
-
-START_RATES = {"grep": 200_000, "wordcount": 50_000, "topk": 50_000}
-CORES = 2  # the workers' local[2]
-CEILING_LINES, CEILING_ROUNDS = 200_000, 2
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How long trials are and how hard a search tries."""
-
-    warmup: int
-    measured: int
-    max_trials: int
-    tolerance: float
-    confirm: bool
-    confirm_warmup: int
-    confirm_measured: int
-    samples: int  # batches whose output is checked per trial
-    batch_ms: int = 1000  # the batch interval (--batch-interval)
-
-
-PLANS = {
-    # Quick: a few short trials per search, no confirmation: proves the harness, not a result.
-    "quick": Plan(3, 6, 3, 0.3, False, 0, 0, 3),
-    # Full: p90 over 30 batches; a confirmation runs 15 + 45 batches, so the 30 s window is
-    # full (from batch 30 on) for 31 of its 45 measured batches.
-    "full": Plan(5, 30, 6, 0.1, True, 15, 45, 4),
-}
-
-
-class Worker:
-    """A `bench.worker` process: one system's JVM, taking trial commands one at a time."""
-
-    def __init__(self, system: str, daemon: str, master: str = "local[2]"):
-        self.process = start_process(
-            [sys.executable, "-m", "bench.worker", "--system", system, "--daemon", daemon]
-            + ["--master", master],
-            f"{system}-{daemon}.log",
-            stdin=True,
-        )
-        self._next_event()  # ready
-
-    def _next_event(self) -> dict[str, Any]:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.startswith("{"):
-                return json.loads(line)
-        raise RuntimeError(f"worker exited ({self.process.poll()}); see {LOGS}")
-
-    def trial(self, command: dict[str, Any]) -> dict[str, Any]:
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(command) + "\n")
-        self.process.stdin.flush()
-        return self._next_event()
-
-    def close(self) -> None:
-        try:
-            assert self.process.stdin is not None
-            self.process.stdin.write(json.dumps({"quit": True}) + "\n")
-            self.process.stdin.close()
-            self.process.wait(timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        kill_group(self.process)  # its JVM and Python workers, if left
-        self.process.wait()
-
-
-@dataclass(frozen=True)
-class Gate:
-    """The load gate: others' CPU limit over stretches of block_s, and how often to redo."""
-
-    limit_cores: float
-    block_s: float
-    retries: int
-    allow_load: bool
-
-
-def gated_trial(worker: Worker, command: dict[str, Any], gate: Gate) -> dict[str, Any]:
-    """Run a trial under the load gate; redo it while others load the machine."""
-    for attempt in range(gate.retries + 1):
-        with LoadMonitor() as monitor:
-            event = worker.trial(command)
-        event["load"] = summarize_load(monitor.samples)
-        event["attempt"] = attempt + 1
-        busy = busy_reason(monitor.samples, gate.limit_cores, gate.block_s)
-        event["busy"] = busy
-        if busy is None or gate.allow_load:
-            return event
-        if attempt < gate.retries:
-            progress(f"    redo ({busy})")
-            wait_for_quiet(gate, max_wait_s=120)
-    event["verdict"].update(kind=BUSY, reason=busy)
-    return event
-
-
-def wait_for_quiet(gate: Gate, max_wait_s: float) -> None:
-    deadline = time.monotonic() + max_wait_s
-    while time.monotonic() < deadline and others_now(5) > gate.limit_cores:
-        pass
-
-
-def progress(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def trial_line(system: str, variant: str, event: dict[str, Any]) -> str:
-    v = event["verdict"]
-    kind = "confirm" if event["confirmation"] else "search"
-    load = event.get("load", {})
-    return (
-        f"  {event['workload']:9} {system:17} {variant:8} {event['rate']:>9,}/s {kind:7} "
-        f"p50 {v['processing_p50_ms']:5.0f} p90 {v['processing_p90_ms']:5.0f} ms "
-        f"load {load.get('load1_max', 0):.1f} others {load.get('others_cores_mean', 0):.2f}: "
-        f"{v['kind'] if v['kind'] != 'ok' else 'ok'}{'' if v['kind'] == 'ok' else ' (' + v['reason'] + ')'}"
-    )
-
-
-def search_workload(
-    workers: dict[str, Worker],
-    pairs: list[tuple[str, str]],
-    workload: str,
-    plan: Plan,
-    gate: Gate,
-) -> dict[tuple[str, str], dict[str, Any]]:
-    """All pairs' searches for one workload, interleaved; per pair its result and trials.
-
-    Before each round of trials the ceiling of each DStream program (`bench.ceiling`) is
-    measured in this process while the workers idle, so every maximum can be set against what
-    the machine allowed while it was searched: the ceiling has varied by a quarter between
-    hours on the same machine."""
-    searches = {
-        pair: RateSearch(
-            START_RATES[workload],
-            plan.max_trials,
-            plan.tolerance,
-            plan.confirm,
-            interval_ms=plan.batch_ms,
-        )
-        for pair in pairs
-    }
-    events: dict[tuple[str, str], list[dict[str, Any]]] = {pair: [] for pair in pairs}
-    ceilings: dict[str, list[float]] = {v: [] for system, v in pairs if system in ENGINES}
-    order = list(pairs)
-    while any(s.result is None for s in searches.values()):
-        planned = {pair: searches[pair].next_trial() for pair in order}
-        if any(planned.values()):
-            for variant, samples in ceilings.items():
-                samples.append(
-                    ceiling_rate(workload, variant, CORES, CEILING_LINES, CEILING_ROUNDS)
-                )
-        for pair in order:
-            if planned[pair] is None:
-                continue
-            rate, confirmation = planned[pair]
-            command = {
-                "workload": workload,
-                "variant": pair[1],
-                "rate": rate,
-                "confirmation": confirmation,
-                "warmup": plan.confirm_warmup if confirmation else plan.warmup,
-                "measured": plan.confirm_measured if confirmation else plan.measured,
-                "samples": plan.samples,
-                "batch_ms": plan.batch_ms,
-            }
-            event = gated_trial(workers[pair[0]], command, gate)
-            progress(trial_line(*pair, event))
-            events[pair].append(event)
-            searches[pair].record(rate, confirmation, Verdict(**event["verdict"]))
-        order.reverse()
-    return {
-        pair: summarize_search(
-            searches[pair], events[pair], ceilings[pair[1]] if pair[0] in ENGINES else []
-        )
-        for pair in pairs
-    }
-
-
-def summarize_ceiling(samples: list[float]) -> dict[str, Any]:
-    """The ceilings measured during a search: their median and range, in lines per second."""
-    return {
-        "median": round(percentile(samples, 0.5)),
-        "range": [round(min(samples)), round(max(samples))],
-        "samples": len(samples),
-    }
-
-
-def summarize_search(
-    search: RateSearch, events: list[dict[str, Any]], ceilings: list[float]
-) -> dict[str, Any]:
-    """The row of a table: status, and figures only from the trial that established the rate."""
-    assert search.result is not None
-    row: dict[str, Any] = {"status": search.result.status, "rate": search.result.rate}
-    if ceilings:
-        row["ceiling"] = summarize_ceiling(ceilings)
-    loads = [e["load"] for e in events if e.get("load")]
-    if loads:
-        row["load1"] = [min(x["load1_min"] for x in loads), max(x["load1_max"] for x in loads)]
-        row["others_cores_max_mean"] = max(x["others_cores_mean"] for x in loads)
-    row["trials"] = [
-        {k: e.get(k) for k in ("rate", "confirmation", "seconds", "attempt", "busy", "load")}
-        | {k: e["verdict"][k] for k in ("processing_p50_ms", "processing_p90_ms")}
-        | {"verdict": e["verdict"]["kind"], "reason": e["verdict"]["reason"]}
-        for e in events
-    ]
-    if search.result.status in ("wrong output", "machine busy"):
-        row["reason"] = events[-1]["verdict"]["reason"]
-    deciding = [
-        e for e in events if e["rate"] == search.result.rate and e["verdict"]["kind"] == "ok"
-    ]
-    if search.result.rate is not None and deciding:
-        trial = deciding[-1]
-        processing = [b["processing_ms"] for b in trial["batches"]]
-        row.update(
-            batches=len(processing),
-            processing_p50_ms=percentile(processing, 0.5),
-            processing_p90_ms=percentile(processing, 0.9),
-            checked_batches=trial["checked_batches"],
-            **measured_latency(trial["batches"]),
-        )
-    return row
-
-
-def measured_latency(batches: list[dict[str, Any]]) -> dict[str, float]:
-    """The trial's end-to-end latency from each batch's measured percentiles over its records:
-    the median of the batches' medians, and the worst batch's p99 (an upper bound of the p99
-    over all the trial's records: every batch has at least 99% of its records within it). {}
-    for a system whose batches carry none (Structured)."""
-    p50s = [b["latency_p50_ms"] for b in batches if b.get("latency_p50_ms") is not None]
-    p99s = [b["latency_p99_ms"] for b in batches if b.get("latency_p99_ms") is not None]
-    if not p50s:
-        return {}
-    return {
-        "latency_p50_ms": round(percentile(p50s, 0.5)),
-        "latency_p99_ms": round(max(p99s)),
-        "latency_measured": True,  # rows of earlier runs hold a modelled latency
-    }
-
-
-def run_table(
-    daemon: str,
-    systems: list[str],
-    workloads: list[str],
-    variants: set[str] | None,
-    plan: Plan,
-    gate: Gate,
-    table: dict[str, Any],
-    measured: Callable[[str], None],
-) -> None:
-    """Every (system, variant) on `daemon` into `table` ({workload: {"system/variant": row}}),
-    calling `measured` with each workload when its rows are in."""
-    progress(f"== worker daemon {daemon}: starting {', '.join(systems)}")
-    workers = {system: Worker(system, daemon) for system in systems}
-    pairs = [
-        (system, variant)
-        for system in systems
-        for variant in SYSTEM_CLASSES[system].variants
-        if variants is None or variant in variants
-    ]
-    try:
-        for workload in workloads:
-            progress(f"== {workload} on {daemon}: {len(pairs)} searches, interleaved")
-            rows = search_workload(workers, pairs, workload, plan, gate)
-            suffix = "" if plan.batch_ms == 1000 else f" ({plan.batch_ms} ms batches)"
-            table.setdefault(workload, {}).update(
-                {f"{s}/{v}{suffix}": row for (s, v), row in rows.items()}
-            )
-            measured(workload)
-    finally:
-        for worker in workers.values():
-            worker.close()
+from bench.throughput.searches import PLANS, Gate, progress, run_table, summary_lines
+from bench.throughput.systems import SYSTEMS, WORKLOADS
 
 
 def tag_rows(tables: dict[str, dict[str, Any]], run: int) -> None:
@@ -323,23 +44,6 @@ def tag_rows(tables: dict[str, dict[str, Any]], run: int) -> None:
         for rows in table.values():
             for row in rows.values():
                 row.setdefault("run", run)
-
-
-def summary_lines(table: dict[str, Any], label: str) -> list[str]:
-    lines = [label]
-    for workload, rows in table.items():
-        for name, row in rows.items():
-            if row["rate"] is not None:
-                figure = (
-                    f"{row['rate']:>9,}/s  p50 {row.get('processing_p50_ms', 0):.0f} ms, "
-                    f"p90 {row.get('processing_p90_ms', 0):.0f} ms over {row.get('batches', 0)}"
-                )
-            else:
-                figure = f"no figure: {row['status']}" + (
-                    f" ({row['reason']})" if row.get("reason") else ""
-                )
-            lines.append(f"  {workload:9} {name:28} {row['status']:15} {figure}")
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -440,15 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"({time.time() - started:.0f} s)", flush=True)
     if writes and not args.no_recovery:
-        from bench.recovery import run_recovery
-
         recovery.clear()
         recovery.update(run_recovery(systems, tables.get(DAEMONS[0], {}), DAEMONS[0]))
         recovery["run"] = len(runs)
         pending.remove("recovery")
         write()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

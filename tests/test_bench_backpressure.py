@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.backpressure import RUNNERS, Run
-from bench.overload import output_problems
+from bench.backpressure.overload import output_problems
+from bench.backpressure.step import RUNNERS, Run
 
 
 @pytest.mark.parametrize("system", sorted(RUNNERS))

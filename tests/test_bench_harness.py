@@ -10,11 +10,12 @@ from collections import Counter
 
 import pytest
 
-from bench import feed, reference
+from bench.common import RECORD_BYTES, SEED, textgen
 from bench.machine import LoadSample, busy_reason
-from bench.reference import check_outputs, count_digest, expected, sample_batches, top_k
-from bench.search import RateSearch, round_rate
-from bench.trial import BUSY, OK, SLOW, WRONG, Verdict, judge, percentile
+from bench.throughput import feed, reference
+from bench.throughput.reference import check_outputs, count_digest, expected, sample_batches, top_k
+from bench.throughput.search import RateSearch, round_rate
+from bench.throughput.trial import BUSY, OK, SLOW, WRONG, Verdict, judge, percentile
 
 
 def test_percentile_is_nearest_rank():
@@ -151,7 +152,7 @@ def test_reference_matches_a_direct_count_of_the_same_lines():
         k: [
             line
             for p, start, end in feed.batch_slices(rate, partitions, k)
-            for line in feed.textgen.lines(reference.SEED, reference.RECORD_BYTES, p, start, end)
+            for line in textgen.lines(SEED, RECORD_BYTES, p, start, end)
         ]
         for k in range(1, 33)
     }
@@ -211,7 +212,7 @@ def test_same_program_passes_the_checker_on_a_real_job(sc, system_name, variant)
     """The shared program text, run by each DStream engine on its input, and Structured
     Streaming's expert formulation output what the independent reference says (a tiny rate:
     this is about correctness, not speed)."""
-    from bench.systems import SYSTEM_CLASSES
+    from bench.throughput.systems import SYSTEM_CLASSES
 
     system = SYSTEM_CLASSES[system_name](sc, 2)
     run = system.run("wordcount", variant, 300, 1, 3, timeout_s=300)
@@ -248,7 +249,7 @@ def test_structured_latency_runs_to_the_micro_batch_that_output_the_records():
     """Structured Streaming's batches from its query progress: the schedule is set by the most
     punctual micro-batch, and a record's latency ends with the micro-batch that output it
     (append mode: two later), not with the one that read it."""
-    from bench.systems import structured_batches
+    from bench.throughput.systems import structured_batches
 
     origin = 1_700_000_000_000
     progress = [_progress(b, origin + 1000 * b + (300 if b == 3 else 0), 200) for b in range(6)]
@@ -265,7 +266,7 @@ def test_structured_latency_runs_to_the_micro_batch_that_output_the_records():
 
 
 def test_recovery_runs_at_half_of_the_systems_own_confirmed_maximum():
-    from bench.recovery import recovery_subject
+    from bench.recovery.faults import recovery_subject
 
     table = {
         "wordcount": {
@@ -295,7 +296,7 @@ RUN = {
 def one_table_report(directory, workload: str, rows: dict) -> str:
     """The report of a single run whose dstream.worker.pydaemon table holds `rows` for `workload`."""
     from bench.report import write_report
-    from bench.run import PLANS, Gate
+    from bench.throughput.searches import PLANS, Gate
 
     tables = {"dstream.worker.pydaemon": {workload: rows}}
     gate, plan = Gate(0.25, 10, 2, False), PLANS["full"]
@@ -318,7 +319,7 @@ def test_report_prints_no_figure_without_a_confirmation(tmp_path):
 def test_a_partial_report_names_what_it_has_not_measured(tmp_path):
     """A run of hours writes after each workload: a stopped run keeps what it measured."""
     from bench.report import write_report
-    from bench.run import PLANS, Gate
+    from bench.throughput.searches import PLANS, Gate
 
     rows = {"dstream/tuned": {"status": "confirmed", "rate": 90_000}}
     pending = ["topk on dstream.worker.pydaemon", "recovery"]
@@ -339,7 +340,8 @@ def test_a_partial_report_names_what_it_has_not_measured(tmp_path):
 def test_a_merged_run_replaces_only_the_rows_it_measured(tmp_path):
     """`--merge`: the day's earlier rows stay, each row names the run that measured it."""
     from bench.report import load_report, write_report
-    from bench.run import PLANS, Gate, tag_rows
+    from bench.run import tag_rows
+    from bench.throughput.searches import PLANS, Gate
 
     gate, plan = Gate(0.25, 10, 2, False), PLANS["full"]
     tables = {
@@ -401,7 +403,7 @@ def test_recovery_table_states_the_run_length_and_a_recovery_not_seen():
 def test_profile_attributes_jobs_to_batches_by_either_engines_properties():
     """dstream names a batch's jobs by job group, Spark Streaming by its batch-time property;
     jobs of neither (a state sampler) belong to no batch; overlapping jobs count once."""
-    from bench.profile import covered_ms, jobs_by_batch
+    from bench.throughput.profile import covered_ms, jobs_by_batch
 
     def job(job_id: int, properties: dict[str, str], start: int, end: int, stage: int) -> list:
         return [
@@ -436,11 +438,11 @@ def test_profile_attributes_jobs_to_batches_by_either_engines_properties():
 
 
 def test_ceiling_runs_each_program_unchanged_on_one_partition():
-    """bench.ceiling times the very programs of bench.programs on one partition; what their
-    output operation receives must be that partition's grep count or word counts."""
-    from bench.ceiling import partition_output
+    """The ceiling times the very programs of bench.throughput.programs on one partition; what
+    their output operation receives must be that partition's grep count or word counts."""
+    from bench.throughput.ceiling import partition_output
 
-    lines = list(feed.textgen.lines(reference.SEED, reference.RECORD_BYTES, 0, 0, 2_000))
+    lines = list(textgen.lines(SEED, RECORD_BYTES, 0, 0, 2_000))
     words = Counter(word for line in lines for word in line.split())
     matches = sum(reference.GREP_PATTERN in line for line in lines)
     for variant in ("tutorial", "tuned"):
@@ -450,7 +452,7 @@ def test_ceiling_runs_each_program_unchanged_on_one_partition():
 
 
 def test_ceiling_reads_only_confirmed_maxima(tmp_path):
-    from bench.ceiling import measured_maxima
+    from bench.throughput.ceiling import measured_maxima
 
     rows = {
         "dstream/tutorial": {"status": "confirmed", "rate": 300_000},
@@ -487,7 +489,7 @@ def test_a_search_sets_each_dstream_program_against_the_ceiling_measured_between
     """Ceilings are measured before every round of the interleaved searches, so each DStream
     engine's row carries the ceiling of its variant's program while it was searched; Structured
     Streaming runs other programs and gets none."""
-    from bench.run import PLANS, Gate, search_workload
+    from bench.throughput.searches import PLANS, Gate, search_workload
 
     pairs = [("dstream", "tuned"), ("pyspark.streaming", "tuned"), ("structured", "plain")]
     workers = {"dstream": _FakeWorker(400_000), "pyspark.streaming": _FakeWorker(200_000)}
@@ -522,7 +524,7 @@ def test_report_sets_maxima_against_the_ceiling_and_the_issue_goals(tmp_path):
 def test_ceiling_times_the_line_generator_and_the_users_functions_apart():
     """Each part timed on its own, so the table labels what the generator costs and what the
     user's functions cost; both ceilings are derived from them."""
-    from bench.ceiling import ceiling_table, time_per_line
+    from bench.throughput.ceiling import ceiling_table, time_per_line
 
     times = time_per_line("grep", "tuned", lines=2_000, rounds=1)
     assert times.generator_s > 0 and times.functions_s > 0
@@ -544,7 +546,7 @@ def test_pyspark_streamings_latency_follows_the_rate_schedule_like_dstreams_sour
     arriving ceil((v + 1) * 1000 / 300) ms after the origin; ended 400 ms after its batch time,
     the 150th of its 300 latencies is record 450's, 400 + 2000 - 1504 ms, and the 297th record
     303's, 400 + 2000 - 1014 ms."""
-    from bench.systems import scheduled_latency
+    from bench.throughput.systems import scheduled_latency
 
     measured = scheduled_latency(300, origin_ms=10_000, time_ms=12_000, end_ms=12_400)
     assert measured is not None and measured.records == 300
@@ -553,7 +555,7 @@ def test_pyspark_streamings_latency_follows_the_rate_schedule_like_dstreams_sour
 
 def test_the_report_gives_measured_latency_only():
     from bench.report import latency_cell
-    from bench.run import measured_latency
+    from bench.throughput.searches import measured_latency
 
     batches = [
         {"latency_p50_ms": 600.0, "latency_p99_ms": 1000.0},
@@ -577,8 +579,8 @@ def test_half_second_batches_hold_half_an_interval_and_pass_the_checker(sc, syst
     Streaming: triggers); batch k holds the records of the k-th half second (checked against
     the reference with the same interval), and each record waited at most half a second more
     than its batch's delay."""
-    from bench.systems import SYSTEM_CLASSES
-    from bench.worker import restricted_output
+    from bench.throughput.systems import SYSTEM_CLASSES
+    from bench.throughput.worker import restricted_output
 
     system = SYSTEM_CLASSES[system_name](sc, 2)
     run = system.run("wordcount", variant, 300, 2, 4, timeout_s=300, batch_ms=500)

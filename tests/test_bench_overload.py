@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from bench.overload import (
+from bench.backpressure.overload import (
     CostModel,
     RateSchedule,
     fit_cost,

@@ -32,6 +32,7 @@ from dstream_api.view import (
     JobView,
     QueryFailedError,
     QueryNotApplicableError,
+    RunningJob,
     RuntimeView,
     SliceQuery,
     UnknownStreamError,
@@ -46,8 +47,8 @@ TIME_HELP = "ISO-8601 (naive: the driver's local time) or unix epoch seconds"
 Time = Annotated[float, Field(allow_inf_nan=False)] | datetime
 
 
-def create_app(runtime: Any) -> FastAPI:
-    """The API of a running JobRuntime (what `dstream run` and the driver pod serve)."""
+def create_app(runtime: RunningJob) -> FastAPI:
+    """The API of a running job (what `dstream run` and the driver pod serve)."""
     return app_for(RuntimeView(runtime))
 
 

@@ -27,11 +27,12 @@ from dstream_api.models import (
 )
 
 if TYPE_CHECKING:
+    from dstream.context import StreamingContext
     from dstream.dstream import DStream
-    from dstream.runtime.scheduler import BatchInfo
-    from dstream.service.job import JobRuntime
+    from dstream.runtime.scheduler import BatchInfo, BatchScheduler
+    from dstream.spec import StreamingJob
     from prometheus_client import CollectorRegistry
-    from pyspark import RDD
+    from pyspark import RDD, SparkContext
 
 Combine = Literal["sum", "latest"]
 
@@ -134,10 +135,30 @@ def is_numeric_pair(record: Any) -> bool:
     )
 
 
-class RuntimeView:
-    """JobView over a JobRuntime (the real driver)."""
+class JobMetrics(Protocol):
+    """A job's metrics, as far as the API serves them."""
 
-    def __init__(self, runtime: JobRuntime):
+    registry: CollectorRegistry
+
+
+class RunningJob(Protocol):
+    """What RuntimeView reads from a running job. The job service's JobRuntime is one; the API
+    depends on this shape, not on the service layer above it (which composes the two)."""
+
+    job: StreamingJob
+    sc: SparkContext
+    ssc: StreamingContext
+    metrics: JobMetrics
+    stop_requested: bool  # set by the API's stop request, honoured by the job's run loop
+
+    @property
+    def scheduler(self) -> BatchScheduler | None: ...
+
+
+class RuntimeView:
+    """JobView over a RunningJob (the real driver)."""
+
+    def __init__(self, runtime: RunningJob):
         self._runtime = runtime
         self.registry = runtime.metrics.registry
         self._query_lock = threading.Lock()

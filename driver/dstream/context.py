@@ -170,6 +170,11 @@ class StreamingContext:
     # -- read-only views for the job service, metrics and the HTTP API ---------------------
 
     @property
+    def batch_interval_ms(self) -> int:
+        """The batch interval, in milliseconds."""
+        return self._batch_ms
+
+    @property
     def input_streams(self) -> list[InputDStream]:
         """The graph's input streams, in the order they were created."""
         return list(self._graph.inputs)
@@ -303,12 +308,14 @@ class StreamingContext:
         if self._state == "stopped":
             raise RuntimeError("StreamingContext has already been stopped")
         self._scheduler = BatchScheduler(
-            self,
+            self._sc,
             self._graph,
             self._clock,
             self._checkpoint_dir,
             self._rate_controllers(),
             FailurePolicy.from_conf(self._sc.getConf()),
+            report_error=self._report_error,
+            checkpoint_metadata=self._checkpoint_metadata,
         )
         for listener in self._pending_listeners:
             self._scheduler.add_listener(listener)

@@ -409,7 +409,7 @@ class KafkaInputDStream(InputDStream):
             return self._sc.emptyRDD()
         reader = RangeReader(
             self.settings,
-            self._ssc._graph.deadletter_dir(time_ms),
+            self._deadletter_dir(time_ms),
             self._malformed,
             self.retry_seconds,
         )

@@ -7,6 +7,14 @@ The graph is pickled into the checkpoint metadata (with cloudpickle, as pyspark.
 its DStreams' functions), so `StreamingContext.getOrCreate` restores the program without running
 its setup again. What only makes sense in one run (the SparkContext, RDDs, accumulators, locks)
 is left out and re-created when the restored graph is attached to the new run's context.
+
+The graph (and recovery, runtime/recovery.py) drives its streams through their underscore
+methods (`_initialize`, `_remember`, `_clear_metadata`, `_attach`, `_restore`), as Spark's
+DStreamGraph drives DStream's private[streaming] ones: they stay out of the names a
+pyspark.streaming program sees. What a stream's checkpointing needs, including the writes of
+its RDDs still pending, is its `checkpoint_data` (runtime/checkpoint_data.py); the graph starts
+those writes, since it knows where the checkpoint is, and asks each stream's data which have
+completed.
 """
 
 from __future__ import annotations
@@ -126,10 +134,7 @@ class DStreamGraph:
         self.remember_ms = 0
         self.checkpoint_path: Path | None = None
         self._deadletter_fallback: Path | None = None
-        self._marked: dict[int, tuple[DStream, RDD, int]] = {}
-        self._durable: dict[int, tuple[DStream, RDD, int, durable.PartWriter]] = {}
         self.coalesced: set[int] = set()  # batch times merged into a later batch (scheduler.py)
-        self._lock = threading.Lock()
         self._rdd_writes: list[threading.Thread] = []
 
     # -- pickling into the checkpoint -----------------------------------------------------
@@ -183,7 +188,7 @@ class DStreamGraph:
                     reason = str(value_error).rstrip(".")
                     return (
                         f"DStream checkpointing is enabled but {what} {stream._origin} "
-                        f"(stream #{stream._index}, {type(stream).__name__}) cannot be "
+                        f"(stream #{stream.index}, {type(stream).__name__}) cannot be "
                         f"serialized: {reason}. Functions of a streaming graph are saved with "
                         "the checkpoint; they must not capture the SparkContext, the "
                         "StreamingContext or an RDD (use rdd.context inside the function)."
@@ -224,7 +229,7 @@ class DStreamGraph:
             output._remember(max(self.remember_ms, self.batch_ms))
 
     def max_remember_ms(self) -> int:
-        return max((s._remember_ms for s in self.streams), default=self.batch_ms)
+        return max((s.remember_ms for s in self.streams), default=self.batch_ms)
 
     def coalesce(self, times: list[int]) -> None:
         """These batch times are not batches: no stream has an RDD for them, and stateful
@@ -247,8 +252,7 @@ class DStreamGraph:
             rdd.checkpoint()
         else:
             rdd.localCheckpoint()
-        with self._lock:
-            self._marked[id(rdd)] = (stream, rdd, time_ms)
+        stream.checkpoint_data.marked(rdd, time_ms)
 
     def write_durably(self, stream: DStream, rdd: RDD, time_ms: int) -> RDD:
         """`rdd` passing through a task-side writer of its partitions (durable.py): the
@@ -256,15 +260,13 @@ class DStreamGraph:
         directory = f"{rdd.context.getCheckpointDir()}/rdd-{rdd.id()}"
         writer = durable.PartWriter(directory, rdd.getNumPartitions())
         written = rdd.mapPartitionsWithIndex(writer, preservesPartitioning=True)
-        with self._lock:
-            self._durable[id(written)] = (stream, written, time_ms, writer)
+        stream.checkpoint_data.writing(written, time_ms, writer)
         return written
 
     def write_missing_parts(self) -> None:
         """Run a job for the durable partitions the batch's outputs did not compute (an
         output that took a few records), as Spark's checkpoint runs its own job."""
-        with self._lock:
-            pending = [(rdd, writer) for _s, rdd, _t, writer in self._durable.values()]
+        pending = [write for s in self.streams for write in s.checkpoint_data.unwritten()]
         for rdd, writer in pending:
             missing = durable.missing_parts(writer.directory, writer.partitions)
             if missing:
@@ -283,21 +285,9 @@ class DStreamGraph:
     def completed_checkpoints(self) -> dict[str, dict[str, Any]]:
         """State checkpoints written since the last call: {stream index: {time, path}}."""
         done: dict[str, dict[str, Any]] = {}
-        with self._lock:
-            for key, (stream, _rdd, time_ms, writer) in list(self._durable.items()):
-                if durable.missing_parts(writer.directory, writer.partitions):
-                    continue
-                del self._durable[key]
-                done[str(stream._index)] = {"time": time_ms, "path": writer.directory}
-                stream.checkpoint_data.keep(time_ms, writer.directory)
-            for key, (stream, rdd, time_ms) in list(self._marked.items()):
-                if not rdd.isCheckpointed():
-                    continue
-                del self._marked[key]
-                path = rdd.getCheckpointFile()
-                if path:
-                    done[str(stream._index)] = {"time": time_ms, "path": path}
-                    stream.checkpoint_data.keep(time_ms, path)
+        for stream in self.streams:
+            for time_ms, path in stream.checkpoint_data.completed():
+                done[str(stream.index)] = {"time": time_ms, "path": path}
         return done
 
     def state_paths_in_force(self) -> set[str]:
@@ -310,9 +300,9 @@ class DStreamGraph:
         return min(times) if times else None
 
     def keeps_checkpoint(self, rdd: RDD) -> bool:
-        """Checkpointed RDDs that are still a stream's newest state must stay cached."""
-        with self._lock:
-            return id(rdd) in self._marked
+        """RDDs marked for a checkpoint not yet written must stay cached (whichever stream
+        forgets them: a stream may hold its parent's RDD)."""
+        return any(s.checkpoint_data.pending(rdd) for s in self.streams)
 
     def deadletter_dir(self, time_ms: int) -> str:
         """Where malformed records of a batch go (under the checkpoint, else a temp dir)."""

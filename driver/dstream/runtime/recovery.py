@@ -11,6 +11,7 @@ import itertools
 import logging
 import operator
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,6 @@ from dstream.runtime.fencing import DeposedError, Fence
 from dstream.runtime.timeutil import datetime_of
 
 if TYPE_CHECKING:
-    from dstream.context import StreamingContext
     from dstream.dstream import DStream
     from dstream.runtime.graph import DStreamGraph
 
@@ -69,13 +69,15 @@ class CheckpointRecovery:
 
     def __init__(
         self,
-        ssc: StreamingContext,
+        sc: SparkContext,
         graph: DStreamGraph,
         checkpoint: CheckpointDir,
+        checkpoint_metadata: Callable[[int], dict[str, Any]],
         fence: Fence | None = None,
         verified: frozenset[str] = frozenset(),
     ):
-        self._ssc = ssc
+        self._sc = sc
+        self._checkpoint_metadata = checkpoint_metadata  # the graph in force, for a restart
         self._graph = graph
         self._checkpoint = checkpoint
         self._fence = fence
@@ -88,7 +90,7 @@ class CheckpointRecovery:
         self._graph.start(metadata["zeroMs"])
         self._check_signature(metadata)
         # The graph in force (restored, or rebuilt by a setup or a job spec) for the next restart.
-        self._checkpoint.write_metadata(self._ssc._checkpoint_metadata(metadata["zeroMs"]))
+        self._checkpoint.write_metadata(self._checkpoint_metadata(metadata["zeroMs"]))
         found = self._checkpoint.load_log()
         if self._fence is not None and found.newest_epoch > self._fence.epoch:
             raise DeposedError(self._fence.epoch, found.newest_epoch)
@@ -170,7 +172,7 @@ class CheckpointRecovery:
         """A state checkpoint as an RDD, read through once in the JVM to verify it (its
         partitioner back when the stream's RDDs are hash-partitioned), or a durable batch
         checked part by part; None when torn."""
-        sc = self._ssc.sparkContext
+        sc = self._sc
         try:
             if durable.is_durable(path):
                 return self._graph.read_durably(sc, path)
@@ -210,10 +212,10 @@ class CheckpointRecovery:
         log_reaches_start = first is None or first <= self._graph.zero_ms + batch
         if not log_reaches_start:
             problems += [
-                f"stream #{s._index} ({type(s).__name__}) has no readable state checkpoint and "
+                f"stream #{s.index} ({type(s).__name__}) has no readable state checkpoint and "
                 f"the batch log now starts at {datetime_of(first)}"
                 for s in self._graph.streams
-                if s.checkpoint_data.required and str(s._index) not in restored
+                if s.checkpoint_data.required and str(s.index) not in restored
             ]
         if problems:
             raise CheckpointUnrecoverableError(
@@ -232,8 +234,8 @@ class CheckpointFollower:
     which recovery then need not do again (`verified`). It only reads: the leader is writing
     the same directory."""
 
-    def __init__(self, ssc: StreamingContext, checkpoint: CheckpointDir, every_s: float = 2.0):
-        self._ssc = ssc
+    def __init__(self, sc: SparkContext, checkpoint: CheckpointDir, every_s: float = 2.0):
+        self._sc = sc
         self._checkpoint = checkpoint
         self._every_s = every_s
         self._verified: set[str] = set()
@@ -252,7 +254,7 @@ class CheckpointFollower:
             return frozenset(self._verified)
 
     def _follow(self) -> None:
-        sc = self._ssc.sparkContext
+        sc = self._sc
         try:
             self._warm_up(sc)
             self._read_checkpoint()
@@ -276,7 +278,7 @@ class CheckpointFollower:
             pairs.reduceByKey(operator.add).count()
 
     def _read_checkpoint(self) -> None:
-        sc = self._ssc.sparkContext
+        sc = self._sc
         self._checkpoint.read_metadata()
         found = self._checkpoint.load_log(tidy=False)
         for checkpoints in found.state_checkpoints().values():

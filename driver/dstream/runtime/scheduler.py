@@ -48,7 +48,8 @@ from dstream.runtime.recovery import CheckpointFollower, CheckpointRecovery, Rec
 from dstream.runtime.timeutil import datetime_of
 
 if TYPE_CHECKING:
-    from dstream.context import StreamingContext
+    from pyspark import SparkContext
+
     from dstream.runtime.backpressure import RateController
     from dstream.runtime.clock import ManualClock, SystemClock
     from dstream.runtime.graph import DStreamGraph
@@ -164,16 +165,27 @@ class BatchOutcome:
 
 
 class BatchScheduler:
+    """Runs the batches of one StreamingContext on its SparkContext `sc`. It knows the context
+    only through the callables it is given, as the runtime sits below the public API:
+    `report_error` receives each failed attempt of a batch (for awaitTermination to raise),
+    `checkpoint_metadata(zero_ms)` makes the checkpoint's metadata (the pickled graph and its
+    settings) at a fresh start or a recovery."""
+
     def __init__(
         self,
-        ssc: StreamingContext,
+        sc: SparkContext,
         graph: DStreamGraph,
         clock: SystemClock | ManualClock,
         checkpoint: CheckpointDir | None,
         rate_controllers: dict[str, RateController],
         failure_policy: FailurePolicy | None = None,
+        *,
+        report_error: Callable[[BaseException], None],
+        checkpoint_metadata: Callable[[int], dict[str, Any]],
     ):
-        self._ssc = ssc
+        self._sc = sc
+        self._report_error = report_error
+        self._checkpoint_metadata = checkpoint_metadata
         self._graph = graph
         self.clock = clock
         self._checkpoint = checkpoint
@@ -239,12 +251,12 @@ class BatchScheduler:
     def _lead(self, checkpoint: CheckpointDir, standby: bool) -> None:
         """Hold the checkpoint's lease for the run (lease.py) under a new epoch, which every
         log entry carries and every write checks (fencing.py)."""
-        conf = self._ssc.sparkContext.getConf()
+        conf = self._sc.getConf()
         duration_s = float(conf.get(DURATION_KEY, str(DEFAULT_DURATION_S)))
         self.lease = CheckpointLease(checkpoint.path, duration_s, epoch_source_from_env())
         if standby:
             self.state = "standby"
-            self._follower = CheckpointFollower(self._ssc, checkpoint)
+            self._follower = CheckpointFollower(self._sc, checkpoint)
             self._follower.start()
         self.fence = self.lease.acquire(wait=standby)
         timeline.mark("lead_taken")
@@ -254,14 +266,14 @@ class BatchScheduler:
     def _deposed(self, error: DeposedError) -> None:
         """A newer driver leads: no new batch starts, and awaitTermination raises the error."""
         self._stop_generating.set()
-        self._ssc._report_error(error)
+        self._report_error(error)
 
     def _start_fresh(self) -> int:
         batch = self._graph.batch_ms
         first_ms = (self.clock.now_ms() // batch + 1) * batch
         self._graph.start(first_ms - batch)
         if self._checkpoint is not None:
-            self._checkpoint.write_metadata(self._ssc._checkpoint_metadata(first_ms - batch))
+            self._checkpoint.write_metadata(self._checkpoint_metadata(first_ms - batch))
         return first_ms
 
     def _recover(self) -> int:
@@ -270,7 +282,12 @@ class BatchScheduler:
         assert self._checkpoint is not None
         verified = self._follower.stop() if self._follower else frozenset()
         self.recovery = CheckpointRecovery(
-            self._ssc, self._graph, self._checkpoint, self.fence, verified
+            self._sc,
+            self._graph,
+            self._checkpoint,
+            self._checkpoint_metadata,
+            self.fence,
+            verified,
         ).run()
         timeline.mark("state_restored")
         for time_ms, record in self.recovery.pending_records.items():
@@ -331,7 +348,7 @@ class BatchScheduler:
     # -- the runner -----------------------------------------------------------------------
 
     def _run_loop(self) -> None:
-        pools.use_pool(self._ssc.sparkContext, pools.BATCHES)
+        pools.use_pool(self._sc, pools.BATCHES)
         while (taken := self._take_next()) is not None:
             if isinstance(taken, BatchInfo):
                 info = taken
@@ -340,7 +357,7 @@ class BatchScheduler:
                     info = self._plan(taken)
                 except Exception as error:
                     log.exception("planning batch %s failed", datetime_of(taken[-1]))
-                    self._ssc._report_error(_planning_failed(taken[-1], error))
+                    self._report_error(_planning_failed(taken[-1], error))
                     return
             if not self._run(info):
                 return
@@ -404,7 +421,7 @@ class BatchScheduler:
         info.processing_start_ms = self.clock.now_ms()
         self.current = info
         self._notify("onBatchStarted", info)
-        sc = self._ssc.sparkContext
+        sc = self._sc
         sc.setJobGroup(f"dstream-batch-{time_ms}", f"batch {datetime_of(time_ms)}", True)
         sc.setLocalProperty(CHECKPOINT_ALL_MARKED, "true")
         outcome = self._execute(info)
@@ -467,7 +484,7 @@ class BatchScheduler:
         awaitTermination at once, as pyspark.streaming reports a failed batch: programs and
         supervisors waiting there learn of it while the retries go on."""
         while (failure := attempt()) is not None:
-            self._ssc._report_error(failure)
+            self._report_error(failure)
             if isinstance(failure, FINAL_FAILURES):
                 return failure
             spent = info.retries == self.failure_policy.retries
@@ -582,7 +599,7 @@ class BatchScheduler:
         )
         error = BatchFailedError(message)
         error.__cause__ = failure
-        self._ssc._report_error(error)
+        self._report_error(error)
 
     def _update_rates(self, info: BatchInfo) -> None:
         for source_name, controller in self.rate_controllers.items():
@@ -632,7 +649,7 @@ class BatchScheduler:
             self._checkpoint.prune(
                 keep_from,
                 self._graph.state_paths_in_force(),
-                self._ssc.sparkContext.getCheckpointDir(),
+                self._sc.getCheckpointDir(),
             )
         except OSError as error:
             log.warning("pruning the checkpoint failed (%s); the next commit tries again", error)

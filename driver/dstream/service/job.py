@@ -20,7 +20,7 @@ from dstream.runtime import pools, timeline
 from dstream.runtime.checkpoint import move_checkpoint_aside
 from dstream.runtime.failure import BatchFailedError
 from dstream.runtime.fencing import DeposedError
-from dstream.runtime.scheduler import BatchInfo
+from dstream.runtime.scheduler import BatchInfo, BatchScheduler
 from dstream.runtime.task_errors import raised_in_task
 from dstream.service.apps import build_app
 from dstream.service.metrics import StreamingMetrics
@@ -155,7 +155,7 @@ class JobRuntime:
         self.stop_requested = False
 
     @property
-    def scheduler(self) -> Any:
+    def scheduler(self) -> BatchScheduler | None:
         return self.ssc.scheduler
 
     def start(self, standby: bool = False) -> None:

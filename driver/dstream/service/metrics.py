@@ -152,7 +152,7 @@ class StreamingMetrics:
         gauge(
             "dstream_batch_interval_seconds",
             "The job's batch interval: processing above it means the job falls behind.",
-        ).set(self._ssc._batch_ms / 1000)
+        ).set(self._ssc.batch_interval_ms / 1000)
 
     # -- streaming listener ----------------------------------------------------------------
 

@@ -18,31 +18,10 @@ would (a pool lookup, no per-record randomness):
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-TEXTGEN = Path(__file__).resolve().parent.parent / "driver" / "dstream" / "worker" / "textgen.py"
-
-
-def load_textgen() -> ModuleType:
-    """dstream.worker.textgen loaded on its own, not through the dstream package: importing the engine
-    changes how a Python worker runs its tasks (dstream.worker.zipcache), and the peers' workers must
-    stay as their users have them. textgen itself imports only the standard library."""
-    module = sys.modules.get("bench_textgen")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("bench_textgen", TEXTGEN)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["bench_textgen"] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-textgen = load_textgen()
+from bench.common import load_textgen, textgen
 
 _MASK64 = (1 << 64) - 1
 

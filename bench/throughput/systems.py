@@ -3,9 +3,9 @@
 A `System` owns one SparkContext (one JVM) and runs trials on it one after another: a trial
 starts a streaming job for a workload variant at a fixed input rate, waits until enough batches
 have completed, stops the job (not Spark) and returns the batches' timings and output digests,
-numbered by input interval k (batch k holds interval k's records, `bench.feed`).
+numbered by input interval k (batch k holds interval k's records, `feed`).
 
-- dstream and pyspark.streaming run the same program text (`bench.programs`) on the lines of
+- dstream and pyspark.streaming run the same program text (`programs`) on the lines of
   their StreamingContext: dstream's own `rateStream`, and for pyspark.streaming a constant input
   stream transformed into the same per-batch RDD (a slice list, lines made in tasks).
 - Structured Streaming runs its two formulations (`plain`, `expert`) on the `rate-micro-batch`
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -27,15 +26,13 @@ from typing import Any
 
 from dstream.runtime import latency
 from dstream.runtime.latency import BatchLatency
-from dstream.worker import pydaemon
-from pyspark import SparkConf, SparkContext
+from pyspark import SparkContext
 
-from bench import feed, programs
 from bench.common import RECORD_BYTES, SEED
-from bench.reference import GREP_PATTERN, TOP_K, WINDOW_BATCHES
+from bench.throughput import feed, programs
+from bench.throughput.reference import GREP_PATTERN, TOP_K, WINDOW_BATCHES
 
 WORKLOADS = programs.WORKLOADS
-DAEMONS = ("dstream.worker.pydaemon", "pyspark.daemon")
 
 
 @dataclass
@@ -65,34 +62,6 @@ class TrialRun:
     batches: list[Batch]
     intervals: list[int]  # k of each measured batch
     outputs: dict[int, Any]  # k -> digest, every batch that output
-
-
-def spark_conf(master: str, partitions: int, daemon: str) -> SparkConf:
-    """The same Spark settings for every system: local, `partitions` tasks per stage, and the
-    Python worker daemon under test. Python workers run this interpreter (the venv, where
-    dstream and bench import): PySpark reads PYSPARK_PYTHON when the SparkContext starts, and
-    PYTHONPATH reaches the workers."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (root, os.environ.get("PYTHONPATH", "")) if p
-    )
-    settings = [
-        ("spark.master", master),
-        ("spark.app.name", "dstream-bench"),
-        ("spark.ui.enabled", "false"),
-        ("spark.ui.showConsoleProgress", "false"),
-        ("spark.driver.host", "127.0.0.1"),
-        ("spark.driver.bindAddress", "127.0.0.1"),
-        ("spark.default.parallelism", str(partitions)),
-        ("spark.sql.shuffle.partitions", str(partitions)),
-        ("spark.driver.memory", "2g"),
-    ]
-    if daemon == "dstream.worker.pydaemon":
-        settings += list(pydaemon.SPARK_CONF.items())
-    elif daemon != "pyspark.daemon":
-        raise ValueError(f"unknown worker daemon {daemon!r} (one of {DAEMONS})")
-    return SparkConf().setAll(settings)
 
 
 class System:

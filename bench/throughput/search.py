@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from bench.trial import BUSY, INTERVAL_MS, WRONG, Verdict
+from bench.throughput.trial import BUSY, INTERVAL_MS, WRONG, Verdict
 
 TARGET_MS = 0.95 * INTERVAL_MS
 MIN_RATE = 100

@@ -1,4 +1,5 @@
-"""`python -m bench.stages`: how many Spark stages and tasks each batch of a stateful stream runs.
+"""`python -m bench.throughput stages`: how many Spark stages and tasks each batch of a stateful
+stream runs.
 
 State kept partitioned in place costs one shuffle per batch (the new records to their keys'
 partitions) and no more: a batch runs a shuffle-map stage over its input and one result stage
@@ -10,15 +11,13 @@ that also write a state checkpoint run one more job.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import threading
 from typing import Any
 
 from pyspark import SparkContext
 
-from bench.common import RECORD_BYTES, SEED
-from bench.systems import spark_conf
+from bench.common import PARTITIONS, RECORD_BYTES, SEED, spark_conf
 
 
 def _graphs() -> dict[str, Any]:
@@ -70,7 +69,7 @@ def count_stages(sc: SparkContext, name: str, build: Any, batches: int) -> list[
 
     ssc = StreamingContext(sc, 1)
     ssc.checkpoint(tempfile.mkdtemp(prefix="bench-stages-"))
-    lines = ssc.rateStream(2000, 2, SEED, RECORD_BYTES)
+    lines = ssc.rateStream(2000, PARTITIONS, SEED, RECORD_BYTES)
     build(ssc, lines).foreachRDD(lambda rdd: rdd.count())
     counter = StageCounter(sc)
     counter.wanted = batches
@@ -85,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=15)
     args = parser.parse_args(argv)
-    sc = SparkContext(conf=spark_conf("local[2]", 2, "dstream.worker.pydaemon"))
+    sc = SparkContext(conf=spark_conf("local[2]", PARTITIONS, "dstream.worker.pydaemon"))
     sc.setLogLevel("ERROR")
     try:
         for name, build in _graphs().items():
@@ -98,7 +97,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sc.stop()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,20 +9,15 @@ parent SIGKILLs this whole process group and starts it again on the same checkpo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
-import sys
 import time
 
 import psutil
 from pyspark import SparkContext
 
-from bench.systems import DAEMONS, SYSTEM_CLASSES, Batch, StructuredSystem, spark_conf
-
-
-def emit(**fields: object) -> None:
-    print(json.dumps(fields), flush=True)
+from bench.common import DAEMONS, PARTITIONS, emit, spark_conf
+from bench.throughput.systems import SYSTEM_CLASSES, Batch, StructuredSystem
 
 
 def kill_one_executor() -> int | None:
@@ -48,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, required=True, help="stop after this many")
     parser.add_argument("--kill-executor-after", type=int, default=None)
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--partitions", type=int, default=PARTITIONS)
     args = parser.parse_args(argv)
     sc = SparkContext(conf=spark_conf(args.master, args.partitions, args.daemon))
     sc.setLogLevel("ERROR")
@@ -73,7 +68,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sc.stop()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

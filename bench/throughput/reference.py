@@ -1,6 +1,6 @@
 """What each workload's output must be, computed in plain Python from the same input lines.
 
-A trial's outputs are digests (`bench.programs`): a grep count, a window's word-count digest
+A trial's outputs are digests (`programs`): a grep count, a window's word-count digest
 (distinct words, total count, a checksum over every (word, count) pair) or the top-k list. The
 reference here recomputes them from `feed.batch_slices` and `textgen.lines`, without Spark and
 without any engine code, so an engine that drops, duplicates or misplaces records fails its trial.
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from bench import feed
-from bench.common import RECORD_BYTES, SEED
+from bench.common import RECORD_BYTES, SEED, textgen
+from bench.throughput import feed
 
 GREP_PATTERN = "bab"  # in about a quarter of the lines
 WINDOW_BATCHES = 30
@@ -48,7 +48,7 @@ def batch_lines(rate: int, partitions: int, k: int, batch_ms: int = 1000) -> Cou
     """How often each line occurs in batch k (1-based) of a stream at `rate` records/s."""
     lines: Counter[str] = Counter()
     for partition, start, end in feed.batch_slices(rate, partitions, k, batch_ms):
-        lines.update(feed.textgen.lines(SEED, RECORD_BYTES, partition, start, end))
+        lines.update(textgen.lines(SEED, RECORD_BYTES, partition, start, end))
     return lines
 
 

@@ -1,6 +1,7 @@
-"""`python -m bench.profile`: where a DStream engine's batch time goes, from Spark's event log.
+"""`python -m bench.throughput profile`: where a DStream engine's batch time goes, from Spark's
+event log.
 
-Runs one workload variant of `bench.programs` on dstream or pyspark.streaming (`local[2]`, the
+Runs one workload variant of `programs` on dstream or pyspark.streaming (`local[2]`, the
 chosen worker daemon) at a fixed rate and batch interval (`--batch-interval`) with Spark's event
 log on, then prints per batch: its processing time, the Spark jobs, stages and tasks it ran (by
 its batch time), how much of the processing time some job was running, the tasks' executor run
@@ -28,14 +29,14 @@ from typing import Any
 
 from pyspark import SparkContext
 
-from bench.reference import WINDOW_BATCHES
-from bench.systems import DAEMONS, SYSTEM_CLASSES, Batch, spark_conf
+from bench.common import DAEMONS, ENGINES, PARTITIONS, WORKER_MODULES, spark_conf
+from bench.throughput.reference import WINDOW_BATCHES
+from bench.throughput.systems import SYSTEM_CLASSES, Batch
 
-ENGINES = ("dstream", "pyspark.streaming")
 # The job property that names a job's batch: dstream's job group, Spark Streaming's batch time.
 DSTREAM_GROUP = "dstream-batch-"
 STREAMING_BATCH_TIME = "spark.streaming.internal.batchTime"
-ZIPCACHE = Path(__file__).resolve().parent.parent / "driver" / "dstream" / "worker" / "zipcache.py"
+ZIPCACHE = WORKER_MODULES / "zipcache.py"
 
 
 def give_workers_zipcache() -> None:
@@ -64,7 +65,7 @@ def run(
     log_dir: str,
     batch_ms: int = 1000,
 ) -> list[Batch]:
-    conf = spark_conf("local[2]", 2, daemon)
+    conf = spark_conf("local[2]", PARTITIONS, daemon)
     conf.setAll(
         [
             ("spark.eventLog.enabled", "true"),
@@ -77,7 +78,7 @@ def run(
     sc.setLogLevel("ERROR")
     print(f"driver pid {os.getpid()}", file=sys.stderr, flush=True)
     try:
-        trial = SYSTEM_CLASSES[system](sc, 2).run(
+        trial = SYSTEM_CLASSES[system](sc, PARTITIONS).run(
             workload, variant, rate, 0, batches, timeout_s=3 * batches + 60, batch_ms=batch_ms
         )
     finally:
@@ -195,7 +196,3 @@ def main(argv: list[str] | None = None) -> int:
     medians = {c: statistics.median(r[c] for r in steady) for c in COLUMNS}
     print(f"median of the last {len(steady)} " + " ".join(f"{medians[c]:>10g}" for c in COLUMNS))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

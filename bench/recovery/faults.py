@@ -3,17 +3,22 @@ confirmed maximum (its tuned or expert variant): the driver killed and restarted
 checkpoint, with `local[2]` and with `local-cluster[2,1,1024]` (separate executor JVMs), and one
 executor JVM of a local-cluster killed.
 
-Each run is a `bench.recover` process; its batches are read as they complete. A batch's delay is
-its end minus the end of its input interval (for Structured Streaming's `rate` source: minus the
-end of the newest second it read). Reported per system and fault:
+Each run is a `python -m bench.recovery subject` process (subject.py); its batches are read as
+they complete. A batch's delay is its end minus the end of its input interval (for Structured
+Streaming's `rate` source: minus the end of the newest second it read). Reported per system
+and fault:
 - baseline: median delay of the batches before the fault;
 - peak: the largest delay after it;
 - recovery: seconds from the fault until the delay is back within RECOVERED_MS of the baseline
   for good (the batches after the fault have caught up).
+
+`python -m bench` runs every fault for every system after its searches (`run_recovery`);
+`python -m bench.recovery fault` runs one fault against one subject and prints its summary.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import statistics
@@ -25,7 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench.common import kill_group, start_process
+from bench.common import DAEMONS, kill_group, start_process
+from bench.throughput.systems import SYSTEM_CLASSES
 
 RECOVERED_MS = 500
 BEFORE = 30  # batches before the fault (the first ones drain the start-up backlog)
@@ -50,7 +56,8 @@ def recover_command(
     return [
         sys.executable,
         "-m",
-        "bench.recover",
+        "bench.recovery",
+        "subject",
         "--system",
         subject.system,
         "--variant",
@@ -70,7 +77,8 @@ def recover_command(
 
 
 class RecoverProcess:
-    """A running `bench.recover` in its own process group, its events collected by a thread."""
+    """A running subject process (subject.py) in its own process group, its events collected
+    by a thread."""
 
     def __init__(self, command: list[str], log_name: str):
         self.process = start_process(command, log_name)
@@ -195,8 +203,6 @@ def run_faults(subject: Subject) -> dict[str, Any]:
 
 def recovery_subject(system: str, table: dict[str, Any], daemon: str) -> Subject | None:
     """The system's best variant with a confirmed WordCount maximum, at half of it."""
-    from bench.systems import SYSTEM_CLASSES
-
     for variant in reversed(SYSTEM_CLASSES[system].variants):  # tuned / expert first
         row = table.get("wordcount", {}).get(f"{system}/{variant}", {})
         if row.get("status") == "confirmed" and row.get("rate"):
@@ -223,3 +229,22 @@ def run_recovery(systems: list[str], table: dict[str, Any], daemon: str) -> dict
         )
         results[system] = {"variant": subject.variant, "rate": subject.rate, **run_faults(subject)}
     return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One fault against one subject (a system's variant at a rate), its summary printed."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--system", choices=list(SYSTEM_CLASSES), default="dstream")
+    parser.add_argument("--variant", default="tuned")
+    parser.add_argument("--daemon", choices=DAEMONS, default=DAEMONS[0])
+    parser.add_argument("--rate", type=int, required=True, help="lines per second")
+    parser.add_argument("--fault", choices=FAULTS, default=FAULTS[0])
+    args = parser.parse_args(argv)
+    variants = SYSTEM_CLASSES[args.system].variants
+    if args.variant not in variants:
+        parser.error(f"--variant {args.variant}: {args.system} has {', '.join(variants)}")
+    subject = Subject(args.system, args.variant, args.daemon, args.rate)
+    kind, master = args.fault.split(", ")
+    result = driver_restart(subject, master) if kind == "driver" else executor_kill(subject)
+    print(json.dumps({k: v for k, v in result.items() if k != "timeline"}, indent=1))
+    return 0

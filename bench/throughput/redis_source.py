@@ -6,7 +6,7 @@ and counted with the built-in WordCount's per-partition counting and `reduceByKe
 local[2] SparkContext. The ratio redis / rate is what reading from a broker costs against
 generating the lines in the task. Needs `redis-server` (Debian package redis-server).
 
-    python -m bench.redis_source --records 200000 --trials 3
+    python -m bench.throughput redis-source --records 200000 --trials 3
 """
 
 from __future__ import annotations
@@ -81,11 +81,11 @@ def wordcount(source: InputDStream, records: int) -> tuple[float, dict[str, int]
     return time.perf_counter() - started, found
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--trials", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     records = args.records - args.records % PARTITIONS
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf = (
@@ -122,7 +122,4 @@ def main() -> None:
     for name, value in throughput.items():
         print(f"{name:>6}: {value:>10,.0f} records/s (median of {args.trials})")
     print(f"redis / rate: {throughput['redis'] / throughput['rate']:.2f}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

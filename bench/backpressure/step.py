@@ -42,27 +42,27 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import PARTITIONS, RECORD_BYTES, RESULTS, ROOT, SEED, kill_group
-from bench.overload import (
-    CostModel,
-    RateSchedule,
-    fit_cost,
-    output_problems,
-    pending_delays,
-    settle_time,
+from bench.backpressure import overload
+from bench.backpressure.overload import CostModel, RateSchedule
+from bench.common import (
+    ENGINES,
+    PARTITIONS,
+    RECORD_BYTES,
+    RESULTS,
+    ROOT,
+    SEED,
+    emit,
+    kill_group,
+    spark_conf,
+    textgen,
 )
 
-SYSTEMS = ("dstream", "pyspark.streaming")
 DEFAULT_INTERVAL_S = 1.0
 LOW, HIGH, INITIAL = 0.3, 10.0, 2.0  # times the sustainable rate
 SETTLED_DELAY_INTERVALS = 2
 MIN_SETTLED_BATCHES = 5
 CALIBRATION = ((1_000, 5.0), (20_000, 6.0))  # (records/s, seconds), then 0.6x the prediction
 SOCKET_LINES = 65_536  # the socket server cycles through this many lines
-
-
-def emit(**fields: Any) -> None:
-    print(json.dumps(fields), flush=True)
 
 
 # -- the program, the same text for both systems ----------------------------------------------
@@ -116,8 +116,6 @@ class SocketServer:
     """
 
     def __init__(self, rate: float):
-        from bench.feed import textgen
-
         pool = textgen.line_pool(SEED, RECORD_BYTES)
         self._line_bytes = RECORD_BYTES + 1
         self._buffer = b"".join(pool[i].encode() + b"\n" for i in socket_line_indexes().tolist())
@@ -166,8 +164,6 @@ def pool_indexes(partition: Any, offset: Any) -> Any:
     """textgen.line_index over numpy arrays (uint64 arithmetic wraps like splitmix64's)."""
     import numpy as np
 
-    from bench.feed import textgen
-
     with np.errstate(over="ignore"):
         z = (
             offset.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
@@ -181,8 +177,6 @@ def pool_indexes(partition: Any, offset: Any) -> Any:
 
 def words_of(multiplicity: Any) -> Counter[str]:
     """Word counts of records given how many times each pool line occurs."""
-    from bench.feed import textgen
-
     pool = textgen.line_pool(SEED, RECORD_BYTES)
     counts: Counter[str] = Counter()
     for index in multiplicity.nonzero()[0].tolist():
@@ -196,8 +190,6 @@ def rate_source_words(ends: list[int]) -> Counter[str]:
     """Word counts of offsets [0, end) of each partition of the rate source."""
     import numpy as np
 
-    from bench.feed import textgen
-
     multiplicity = np.zeros(textgen.POOL_SIZE, dtype=np.int64)
     for partition, end in enumerate(ends):
         for start in range(0, end, 5_000_000):
@@ -210,8 +202,6 @@ def rate_source_words(ends: list[int]) -> Counter[str]:
 def socket_words(records: int) -> Counter[str]:
     """Word counts of the first `records` lines the socket server sends."""
     import numpy as np
-
-    from bench.feed import textgen
 
     indexes = socket_line_indexes()
     cycles, rest = divmod(records, SOCKET_LINES)
@@ -255,8 +245,6 @@ class Run:
 
 def spark_context(backpressure: bool, initial_rate: float | None) -> Any:
     from pyspark import SparkContext
-
-    from bench.systems import spark_conf
 
     conf = spark_conf("local[2]", PARTITIONS, "dstream.worker.pydaemon")
     conf.set("spark.app.name", "dstream-bench-backpressure")
@@ -444,7 +432,7 @@ def calibrate(system: str, interval_s: float) -> CostModel:
         samples: list[tuple[int, float]] = []
         for index in range(3):
             if index == 2:
-                model = fit_cost(samples)
+                model = overload.fit_cost(samples)
                 rate = 0.6 * model.sustainable(interval_s) if model.fixed_s < interval_s else 0
                 phases.append((max(rate, 2 * CALIBRATION[1][0]), 8.0))
             rate, seconds = phases[index]
@@ -457,7 +445,7 @@ def calibrate(system: str, interval_s: float) -> CostModel:
             emit(event="calibration-phase", system=system, rate=rate, batches=len(run.batches))
         stop()
         samples = calibration_samples(run, measured_from, seconds)
-        model = fit_cost(samples)
+        model = overload.fit_cost(samples)
         emit(
             event="calibration",
             system=system,
@@ -508,13 +496,13 @@ def step(
             batches = sorted(run.batches, key=lambda b: b["time_s"])
         outputs = run.outputs
         admitted = {round(b["time_s"] * 1000): b["records"] for b in batches}
-        problems = output_problems(
+        problems = overload.output_problems(
             outputs, admitted, ended["expected"](), ended["handed_out"], ended["all_completed"]
         )
         first_ms = min(run.covered, default=round(step_s * 1000))
-        pending = pending_delays(run.covered, first_ms, ended["stopped_s"], interval_s)
+        pending = overload.pending_delays(run.covered, first_ms, ended["stopped_s"], interval_s)
         delays = [(t / 1000, d) for t, d in run.started.items()] + pending
-        settle = settle_time(
+        settle = overload.settle_time(
             delays, step_s, SETTLED_DELAY_INTERVALS * interval_s, MIN_SETTLED_BATCHES
         )
         emit(
@@ -547,7 +535,7 @@ def worker(system: str, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--systems", default=",".join(ENGINES))
     parser.add_argument("--low-s", type=float, default=10.0, help="seconds at 0.3x before the step")
     parser.add_argument("--overload-s", type=float, default=40.0, help="seconds at 10x")
     parser.add_argument(
@@ -559,11 +547,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--docs-png", type=Path, help="also draw dstream's run alone here")
-    parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker, args)
-    from bench.backpressure_report import write_report
+    from bench.backpressure.report import write_report
 
     command = "python -m bench.backpressure " + " ".join(argv if argv is not None else sys.argv[1:])
     results = {"systems": {}, "command": command.strip(), "interval_s": args.interval_s}
@@ -620,7 +608,3 @@ def run_worker(system: str, args: argparse.Namespace) -> dict[str, Any]:
             kill_group(process)  # what is left of it: its JVM, its Python workers
     load = [{"load1": s.load1, "other_cores": s.others_cores} for s in monitor.samples]
     return {"events": events, "load": load, "returncode": process.returncode}
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,10 @@
 """One system in its own process (its own JVM), running the trials its parent asks for.
 
-The parent (`bench.run`) keeps one worker per system alive and interleaves their trials: it
+The parent (`searches`, run by `python -m bench`) keeps one worker per system alive and
+interleaves their trials: it
 writes one JSON command per line on the worker's stdin ({"workload", "variant", "rate",
 "warmup", "measured", "samples"}) and reads one JSON result per line from its stdout. The worker
-checks the trial's sampled outputs against `bench.reference` before judging its speed.
+checks the trial's sampled outputs against `reference` before judging its speed.
 """
 
 from __future__ import annotations
@@ -18,13 +19,10 @@ from typing import Any
 
 from pyspark import SparkContext
 
-from bench.reference import check_outputs
-from bench.systems import DAEMONS, SYSTEM_CLASSES, System, spark_conf
-from bench.trial import judge
-
-
-def emit(**fields: Any) -> None:
-    print(json.dumps(fields), flush=True)
+from bench.common import DAEMONS, PARTITIONS, emit, spark_conf
+from bench.throughput.reference import check_outputs
+from bench.throughput.systems import SYSTEM_CLASSES, System
+from bench.throughput.trial import judge
 
 
 def timeout_for(batches: int) -> float:
@@ -78,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--system", choices=sorted(SYSTEM_CLASSES), required=True)
     parser.add_argument("--daemon", choices=DAEMONS, required=True)
-    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--partitions", type=int, default=PARTITIONS)
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -95,7 +93,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sc.stop()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

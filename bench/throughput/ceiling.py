@@ -1,8 +1,9 @@
-"""`python -m bench.ceiling`: the highest rate any DStream engine could sustain on this machine.
+"""`python -m bench.throughput ceiling`: the highest rate any DStream engine could sustain on
+this machine.
 
 Whatever an engine does about jobs, shuffles and checkpoints, each batch's lines must be made and
 the user's functions run on every one of them, on the cores the job has. This runs only that:
-each `bench.programs` program, built unchanged on `OnePartition`, which applies the DStream
+each `programs` program, built unchanged on `OnePartition`, which applies the DStream
 operations to one partition's lines in plain Python with nothing around them (a windowed
 reduction is its least work, the batch's pairs reduced by key with the user's function in one
 dict; the window's add and subtract over distinct words, the shuffle and the output digest are
@@ -30,7 +31,6 @@ import argparse
 import functools
 import gc
 import json
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -38,15 +38,14 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from bench import feed, programs
-from bench.common import RECORD_BYTES, RESULTS, SEED
+from bench.common import ENGINES, RECORD_BYTES, RESULTS, SEED, textgen
+from bench.throughput import programs
 
 GOALS = {"grep": 1.5, "wordcount": 2.0, "topk": 2.0}  # issue 17: dstream over pyspark.streaming
-ENGINES = ("dstream", "pyspark.streaming")
 
 
 class OnePartition:
-    """One partition of one batch under the DStream operations `bench.programs` uses, each doing
+    """One partition of one batch under the DStream operations `programs` uses, each doing
     no more than calling the user's functions; the output operation hands the records to
     `outputs` instead of the user's function (the digest runs once per batch on the driver)."""
 
@@ -116,7 +115,7 @@ class CoreTimes:
 def time_per_line(workload: str, variant: str, lines: int, rounds: int) -> CoreTimes:
     """The least time, over `rounds`, one core took to make the lines, and separately to run the
     program on the made lines (each part's best round)."""
-    make = feed.textgen.lines
+    make = textgen.lines
     generator = functions = float("inf")
     for _ in range(rounds):
         gc.collect()
@@ -197,12 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--daemon", default="dstream.worker.pydaemon", help="which table's maxima")
     args = parser.parse_args(argv)
     maxima = measured_maxima(args.results, args.daemon)
-    feed.textgen.line_pool(SEED, RECORD_BYTES)
+    textgen.line_pool(SEED, RECORD_BYTES)
     print(f"measured maxima: {args.results} ({args.daemon}); one core, best of {args.rounds}")
     for line in ceiling_table(args.cores, args.lines, args.rounds, maxima):
         print(line, flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,7 +8,7 @@ differs. Two variants of each workload:
   or one count per partition), then the same windowed reduction with an inverse function.
 
 Every output is reduced to a small digest on the driver (`OUTPUTS`, keyed by batch time) that
-`bench.reference` checks: a grep count, a word-count digest, or the top-k list. The digest costs
+`reference` checks: a grep count, a word-count digest, or the top-k list. The digest costs
 both systems the same (one pass over the window's ~10,000 words, or `takeOrdered`).
 Functions here are module-level so that Spark pickles them by reference (pyspark.streaming
 checkpoints its graph's functions).
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from typing import Any
 
-from bench.reference import GREP_PATTERN, TOP_K, WINDOW_BATCHES, word_checksum
+from bench.throughput.reference import GREP_PATTERN, TOP_K, WINDOW_BATCHES, word_checksum
 
 WORKLOADS = ("grep", "wordcount", "topk")
 VARIANTS = ("tutorial", "tuned")

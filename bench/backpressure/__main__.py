@@ -1,0 +1,5 @@
+import sys
+
+from bench.backpressure.step import main
+
+sys.exit(main())
