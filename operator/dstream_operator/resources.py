@@ -177,7 +177,7 @@ def role(owner: Owner, standby: bool = False) -> dict[str, Any]:
                 "apiGroups": ["coordination.k8s.io"],
                 "resources": ["leases"],
                 "resourceNames": [lease_name(owner.name)],
-                "verbs": ["get", "update", "patch"],
+                "verbs": ["get", "patch"],
             },
         ]
     return {

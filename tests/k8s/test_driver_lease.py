@@ -113,4 +113,3 @@ def test_a_standby_driver_takes_over_through_the_lease_when_the_leader_is_killed
     assert epochs == [1, 2]  # one epoch per leader, claimed in the checkpoint
     assert not verdict.mismatched_batches, verdict.mismatched_batches
     assert verdict.lost == 0 and verdict.duplicated == 0
-
