@@ -16,8 +16,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.k8s import test_operator
-from tests.k8s.test_platform import budgets
 from tests.k8s.test_operator import Harness
+from tests.k8s.test_platform import budgets
 
 pytestmark = pytest.mark.k8s
 
