@@ -4,8 +4,6 @@ server (tests/k8s/test_driver_lease.py)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
 from dstream.runtime.lease import KUBE_LEASE_KEY
 from dstream.spec import parse_job
@@ -13,7 +11,8 @@ from dstream_operator import reconcile, resources, status
 from dstream_operator.resources import Owner, Platform
 from dstream_operator.status import JobStatus, PodFacts
 
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
+from tests.operator.test_status_and_restarts import seen as seen_one
+
 OWNER = Owner("wc", "jobs", "uid-wc")
 FIRST, SECOND = "wc-driver", "wc-driver-2"
 
@@ -59,21 +58,9 @@ def pod(name: str, spec_job=None, ready: bool = False, **kw) -> PodFacts:
     return facts.__class__(**{**facts.__dict__, **kw})
 
 
-def seen(spec_job=None, current=None, **kw) -> reconcile.Observation:
-    spec_job = spec_job or job()
-    return reconcile.Observation(
-        job=spec_job,
-        job_uid="uid-wc",
-        problems=(),
-        status=current or JobStatus(phase="Running"),
-        driver=kw.pop("driver", None),
-        vanished=kw.pop("vanished", None),
-        executors_ready=0,
-        report=None,
-        spec_hash=resources.spec_hash(spec_job),
-        now=NOW,
-        **kw,
-    )
+def seen(spec_job=None, **kw) -> reconcile.Observation:
+    """An observation of a standby job (test_status_and_restarts.seen, with this job)."""
+    return seen_one(spec_job or job(), **kw)
 
 
 def test_two_driver_pods_each_with_its_own_name_executors_and_the_jobs_lease():

@@ -138,17 +138,7 @@ class KubeLease:
             lease = self._read()
             if lease is None or lease.holder != self.identity:
                 return
-            body = {
-                "metadata": {"resourceVersion": lease.version},
-                "spec": {"holderIdentity": None},
-            }
-            self.api.patch_namespaced_lease(
-                self.name,
-                self.namespace,
-                body,
-                _request_timeout=API_TIMEOUT_S,
-                _content_type=MERGE_PATCH,
-            )
+            self._patch(lease, {"holderIdentity": None})
         except _API_ERRORS as error:  # it expires on its own
             log.warning("cannot release %s: %s", self, _reason(error))
 
@@ -199,24 +189,25 @@ class KubeLease:
 
     def _write(self, lease: LeaseView, transitions: int, acquired: bool) -> bool:
         """Write the Lease read as `lease`; False if another driver wrote it meanwhile."""
-        body = {
-            "metadata": {"resourceVersion": lease.version},
-            "spec": self._spec(transitions, acquired),
-        }
         try:
-            self.api.patch_namespaced_lease(
-                self.name,
-                self.namespace,
-                body,
-                _request_timeout=API_TIMEOUT_S,
-                _content_type=MERGE_PATCH,
-            )
+            self._patch(lease, self._spec(transitions, acquired))
         except ApiException as error:
             if error.status == 409:
                 return False
             raise
         self._renewed_at = time.monotonic()
         return True
+
+    def _patch(self, lease: LeaseView, spec: dict[str, Any]) -> None:
+        """Patch the spec of the Lease read as `lease`, unless it changed since (HTTP 409)."""
+        body = {"metadata": {"resourceVersion": lease.version}, "spec": spec}
+        self.api.patch_namespaced_lease(
+            self.name,
+            self.namespace,
+            body,
+            _request_timeout=API_TIMEOUT_S,
+            _content_type=MERGE_PATCH,
+        )
 
 
 def kube_lease(where: str, duration_s: float) -> KubeLease:
