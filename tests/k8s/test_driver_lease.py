@@ -5,6 +5,7 @@ pods of a `driver.standby` job do: the leader's process group is killed, the sta
 once the Lease expires, and every committed batch is exact (the checker of the local standby
 test, fault/harness.py).
 
+    lease: first batch +Xs (lead_taken=+Ys, state_restored=+Zs, ...)
     lease takeover: killed->first batch Xs (lease Ys) epochs=[...]
 """
 
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 from dstream.runtime.kube_lease import KubeLease
 from fault.harness import RateJob, verify, wait_until
-from fault.test_fault_standby import commits_by_epoch, is_batch, monotonic_of, settle, warm
+from fault.test_fault_standby import Takeovers, commits_by_epoch, settle, warm
 from kubernetes import client
 from running_driver import Driver
 
@@ -96,8 +97,9 @@ def test_a_standby_driver_takes_over_through_the_lease_when_the_leader_is_killed
         settle(leader)
         killed_at = time.time()
         leader.kill()
-        first = standby.wait_for_line(is_batch, STEP_TIMEOUT_S)
-        took = first.at - monotonic_of(killed_at)
+        takeovers = Takeovers()
+        takeovers.timed("lease", standby, killed_at)
+        (took,) = takeovers.seconds["lease"]
         assert took >= LEASE_S - 0.5  # the Lease had to expire first: the holder never let go
         settle(standby)
         assert standby.terminate(timeout_s=120) == 0
@@ -108,7 +110,8 @@ def test_a_standby_driver_takes_over_through_the_lease_when_the_leader_is_killed
             driver.kill()
     verdict = verify(job)
     epochs = sorted(set(commits_by_epoch(job).values()))
-    print(f"\nlease takeover: killed->first batch {took:.1f}s (lease {LEASE_S}s) epochs={epochs}")
+    print(f"\n{takeovers.lines[0]}")
+    print(f"lease takeover: killed->first batch {took:.1f}s (lease {LEASE_S}s) epochs={epochs}")
     print(f"batches={verdict.batches} lost={verdict.lost} duplicated={verdict.duplicated}")
     assert epochs == [1, 2]  # one epoch per leader, claimed in the checkpoint
     assert not verdict.mismatched_batches, verdict.mismatched_batches
