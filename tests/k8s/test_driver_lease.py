@@ -100,7 +100,9 @@ def test_a_standby_driver_takes_over_through_the_lease_when_the_leader_is_killed
         takeovers = Takeovers()
         takeovers.timed("lease", standby, killed_at)
         (took,) = takeovers.seconds["lease"]
-        assert took >= LEASE_S - 0.5  # the Lease had to expire first: the holder never let go
+        # the Lease had to expire first (the holder never let go), counted from its last
+        # renewal, at most a quarter of the duration before the kill
+        assert took >= LEASE_S * 3 / 4
         settle(standby)
         assert standby.terminate(timeout_s=120) == 0
         released = holder(k8s_cluster, lease_namespace, f"{JOB}-driver")
