@@ -389,9 +389,17 @@ def _replace_lost(seen: Observation, lead: PodFacts, ended: list[PodFacts], step
     for pod in ended:
         if pod in (seen.driver, seen.second):
             step.ended_pods.append(pod.name)
-        role = "leads" if lead.name == seen.leader else "stands by"
-        message = f"{_end_of(pod)}; {lead.name} {role}; replacing {pod.name} now"
+        message = (
+            f"{_end_of(pod)}; {lead.name} {_role_after(seen, lead, pod)}; replacing {pod.name} now"
+        )
         step.events.append(Event("Warning", "DriverLost", message))
+
+
+def _role_after(seen: Observation, survivor: PodFacts, lost: PodFacts) -> str:
+    """What the surviving driver does now, by the Lease as last read."""
+    if lost.name == seen.leader:
+        return "takes over once the Lease is free"
+    return "leads" if survivor.name == seen.leader else "stands by"
 
 
 def _end_of(pod: PodFacts) -> str:

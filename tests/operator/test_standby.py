@@ -139,6 +139,14 @@ def test_a_killed_leader_is_replaced_at_once_without_counting_a_restart():
     assert (after.status.driver.leader, after.status.driver.standby) == (SECOND, None)
 
 
+def test_the_loss_of_the_lease_holder_says_the_other_takes_over():
+    killed = pod(FIRST, phase="Failed", exit_code=137)
+    step = reconcile.plan(seen(driver=killed, second=pod(SECOND), leader=FIRST))
+    assert step.ended_pods == [FIRST] and not step.restarted
+    assert f"{SECOND} takes over once the Lease is free" in step.events[0].message
+    assert (step.status.driver.leader, step.status.driver.standby) == (None, None)
+
+
 def test_a_deleted_standby_is_replaced_too():
     step = reconcile.plan(
         seen(driver=pod(FIRST, ready=True), second_vanished=pod(SECOND), leader=FIRST)
