@@ -96,6 +96,11 @@ def lease_name(job: str) -> str:
     return f"{job}-driver"
 
 
+def lease_identity(pod: str, uid: str | None) -> str:
+    """How a driver pod names itself as the holder of its job's Lease (kube_lease.identity)."""
+    return f"{pod}/{uid}"
+
+
 def service_name(job: str) -> str:
     return dns_label(f"{job}-driver")
 
@@ -721,6 +726,7 @@ def _generated_driver_pod(
         "env": [
             _field_env("POD_IP", "status.podIP"),
             _field_env("POD_NAME", "metadata.name"),
+            _field_env("POD_UID", "metadata.uid"),  # with the name, its identity in a Lease
             _field_env("POD_NAMESPACE", "metadata.namespace"),
             {"name": "DSTREAM_API_TOKEN_FILE", "value": API_TOKEN_FILE},
             *_secret_env(job),

@@ -377,12 +377,17 @@ class Supervisor:
     async def _leader(
         self, memory: JobMemory, owner: resources.Owner, job: StreamingJob | None
     ) -> str | None:
-        """The holder of a standby job's Lease: the driver pod that leads."""
+        """The driver pod of a standby job that holds its Lease, if one of those known does
+        (not a dead one whose name a new pod has taken)."""
         if not memory.second and not (job and job.spec.driver.standby):
             return None
         name = resources.lease_name(owner.name)
         lease = await self.kube.get(LEASE_API, "Lease", owner.namespace, name)
-        return ((lease or {}).get("spec") or {}).get("holderIdentity") or None
+        holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+        pods = memory.driver_pods()
+        return next(
+            (p.name for p in pods if resources.lease_identity(p.name, p.uid) == holder), None
+        )
 
     @staticmethod
     def _executors(

@@ -40,11 +40,12 @@ def live_pods(k8s: Harness) -> dict[str, client.V1Pod]:
     }
 
 
-def hold_lease(k8s: Harness, holder: str) -> None:
-    """Write the job's Lease as the driver `holder` does when it takes the lead."""
+def hold_lease(k8s: Harness, holder: client.V1Pod) -> None:
+    """Write the job's Lease as the driver pod `holder` does when it takes the lead."""
     api = client.CoordinationV1Api(k8s.cluster.api_client)
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    spec = {"holderIdentity": holder, "leaseDurationSeconds": 10, "renewTime": now}
+    identity = f"{holder.metadata.name}/{holder.metadata.uid}"  # kube_lease.identity
+    spec = {"holderIdentity": identity, "leaseDurationSeconds": 10, "renewTime": now}
     try:
         api.patch_namespaced_lease(
             FIRST, k8s.namespace, {"spec": spec}, _content_type="application/merge-patch+json"
@@ -77,7 +78,8 @@ def test_a_standby_job_runs_two_drivers_and_replaces_a_lost_one_at_once(k8s: Har
     lease_rules = [r for r in children["Role"].rules if "leases" in r.resources]
     assert {tuple(r.resource_names or ()) for r in lease_rules} == {(), (FIRST,)}
 
-    hold_lease(k8s, SECOND)
+    assert {e.name for e in pods[SECOND].spec.containers[0].env} >= {"POD_NAME", "POD_UID"}
+    hold_lease(k8s, pods[SECOND])
     k8s.wait_for(
         "the Lease holder shown as leader",
         lambda: roles(k8s) == {"leader": SECOND, "standby": FIRST},

@@ -4,7 +4,10 @@ server (tests/k8s/test_driver_lease.py)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from dstream.runtime import kube_lease
 from dstream.runtime.lease import KUBE_LEASE_KEY
 from dstream.spec import parse_job
 from dstream_operator import reconcile, resources, status
@@ -182,3 +185,15 @@ def test_turning_the_standby_off_stops_the_pair_and_starts_one():
     single = job(standby=False)
     step = reconcile.plan(seen(single, driver=pod(FIRST), second=pod(SECOND), leader=FIRST))
     assert step.stop_driver == reconcile.STOP_SPEC_CHANGE
+
+
+def test_a_driver_pod_names_itself_in_the_lease_as_the_operator_reads_it(monkeypatch):
+    """`<name>/<uid>`: a pod created again under a dead leader's name is not that leader."""
+    env = resources.driver_pod(job(), OWNER, "service")["spec"]["containers"][0]["env"]
+    fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in env if "valueFrom" in e}
+    assert (fields["POD_NAME"], fields["POD_UID"]) == ("metadata.name", "metadata.uid")
+    monkeypatch.setenv("POD_NAME", FIRST)
+    monkeypatch.setenv("POD_UID", "uid-7")
+    assert kube_lease.identity() == resources.lease_identity(FIRST, "uid-7")
+    monkeypatch.delenv("POD_UID")
+    assert kube_lease.identity().endswith(f":{os.getpid()}")  # outside a pod: host:pid

@@ -37,7 +37,9 @@ from dstream.runtime.lease import KUBE_LEASE_KEY
 
 log = logging.getLogger(__name__)
 
-IDENTITY_ENV = "POD_NAME"  # a pod's name is its identity in the Lease (the operator reads it)
+# A pod is `<name>/<uid>` in the Lease: the operator reads which pod leads, and a pod created
+# again under the name of a dead leader is another candidate, not that leader.
+POD_NAME_ENV, POD_UID_ENV = "POD_NAME", "POD_UID"
 API_TIMEOUT_S = 2.0
 RENEW_DEADLINE = 2 / 3  # of the duration: a holder unable to renew that long stops leading
 _API_ERRORS = (ApiException, HTTPError, OSError)
@@ -212,8 +214,7 @@ class KubeLease:
 
 def kube_lease(where: str, duration_s: float) -> KubeLease:
     """The Lease `<namespace>/<name>` (`spark.dstream.lease.kubernetes`, which the operator sets
-    for jobs with a standby), with this pod's name as identity (this process's host:pid outside
-    a pod), through the pod's ServiceAccount or else the kubeconfig."""
+    for jobs with a standby), with this pod as identity (`identity`), through the pod's ServiceAccount or else the kubeconfig."""
     namespace, sep, name = where.partition("/")
     if not sep or not namespace or not name or "/" in name:
         raise ValueError(f"{KUBE_LEASE_KEY} must be <namespace>/<name>, got {where!r}")
@@ -223,8 +224,13 @@ def kube_lease(where: str, duration_s: float) -> KubeLease:
         config.load_incluster_config()
     else:
         config.load_kube_config()
-    identity = os.environ.get(IDENTITY_ENV) or holder_name()
-    return KubeLease(client.CoordinationV1Api(), namespace, name, identity, duration_s)
+    return KubeLease(client.CoordinationV1Api(), namespace, name, identity(), duration_s)
+
+
+def identity() -> str:
+    """This driver in the Lease: `<pod name>/<pod uid>` in a pod, else `<host>:<pid>`."""
+    pod, uid = os.environ.get(POD_NAME_ENV), os.environ.get(POD_UID_ENV)
+    return f"{pod}/{uid}" if pod and uid else holder_name()
 
 
 def _reason(error: BaseException) -> str:
