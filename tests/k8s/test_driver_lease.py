@@ -20,7 +20,7 @@ from dstream.runtime.kube_lease import KubeLease
 from fault.harness import RateJob, verify, wait_until
 from fault.test_fault_standby import Takeovers, commits_by_epoch, settle, warm
 from kubernetes import client
-from running_driver import Driver
+from running_driver import Driver, free_port
 
 from tests.k8s.conftest import LocalCluster
 
@@ -40,9 +40,11 @@ def lease_namespace(k8s_cluster: LocalCluster) -> Iterator[str]:
         k8s_cluster.core.delete_namespace(name)
 
 
-def candidate(cluster: LocalCluster, namespace: str, name: str, identity: str) -> KubeLease:
+def candidate(
+    cluster: LocalCluster, namespace: str, name: str, identity: str, duration_s: float = 2
+) -> KubeLease:
     api = client.CoordinationV1Api(cluster.api_client)
-    return KubeLease(api, namespace, name, identity, duration_s=2)
+    return KubeLease(api, namespace, name, identity, duration_s)
 
 
 def holder(cluster: LocalCluster, namespace: str, name: str) -> client.V1LeaseSpec:
@@ -68,6 +70,24 @@ def test_one_candidate_holds_the_lease_until_it_expires_or_is_released(
     assert holder(k8s_cluster, lease_namespace, "job-a").holder_identity is None
     assert a.try_acquire()  # released: no need to wait for an expiry
     assert holder(k8s_cluster, lease_namespace, "job-a").lease_transitions == 2
+
+
+def test_a_leader_cut_off_from_the_api_server_gives_up_before_another_may_take_over(
+    k8s_cluster: LocalCluster, lease_namespace: str
+):
+    """Its renewals fail (a closed port stands for the lost API server): it goes on leading for
+    two thirds of the duration, then gives up, a third of the duration before another driver
+    may take the Lease."""
+    a = candidate(k8s_cluster, lease_namespace, "job-b", "driver-a", duration_s=6)
+    assert a.try_acquire()
+    cut_off = client.Configuration()
+    cut_off.host = f"https://127.0.0.1:{free_port()}"  # nothing listens there
+    a.api = client.CoordinationV1Api(client.ApiClient(cut_off))
+    assert a.renew() is None  # within the deadline: still leading
+    lost = wait_until(a.renew, 20)
+    assert lost == "the Lease could not be renewed for 4.0s"
+    b = candidate(k8s_cluster, lease_namespace, "job-b", "driver-b", duration_s=6)
+    assert not b.try_acquire()  # the Lease has not expired yet for anyone else
 
 
 @pytest.mark.slow
