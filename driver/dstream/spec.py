@@ -523,6 +523,11 @@ class Driver(PodSettings):
     cores: int = Field(1, ge=1)
     memory: Memory = "1g"
     disruption_budget: DisruptionBudget = Field(default_factory=DisruptionBudget)
+    standby: bool = Field(
+        False,
+        description="Run a second driver, with its own executors, that follows the checkpoint "
+        "and takes over within seconds when the leading one dies; the job's Lease elects.",
+    )
 
 
 class Executor(PodSettings):

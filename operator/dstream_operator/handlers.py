@@ -170,7 +170,7 @@ async def delete_checkpoint(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
             message="the checkpoint is not on a job volume: nothing to delete",
         )
         return
-    if await stop_driver(memo.kube, owner, STOP_JOB_DELETION):
+    if await stop_driver(memo.kube, owner, STOP_JOB_DELETION, job.spec.driver.standby):
         raise kopf.TemporaryError("waiting for the driver to stop", delay=WAIT_SECONDS)
     name = resources.cleanup_pod_name(owner.name)
     cleanup = await memo.kube.get("v1", "Pod", owner.namespace, name)
@@ -216,8 +216,10 @@ async def driver_pod_seen(
     **_: Any,
 ) -> None:
     job = labels[resources.JOB_LABEL]
-    if name == resources.driver_name(job):
-        memo.book.see_driver((namespace, job), pod_facts(body), deleted=type == "DELETED")
+    if name in (resources.driver_name(job), resources.second_driver_name(job)):
+        second = name == resources.second_driver_name(job)
+        facts, deleted = pod_facts(body), type == "DELETED"
+        memo.book.see_driver((namespace, job), facts, deleted, second)
 
 
 @kopf.on.event("", "v1", "pods", labels=EXECUTOR_PODS)

@@ -3,6 +3,13 @@
 The supervisor calls `plan` whenever a job or its pods change and on every poll tick. Being
 level-triggered, the same observation always yields the same plan, so a missed event or an
 operator restart costs nothing but a tick.
+
+A job with `driver.standby` runs two driver pods; the job's Lease elects which one leads (the
+drivers hold it themselves, runtime/kube_lease.py). The pair is planned as one driver, the
+leader, with two differences: a pod that ends while the other lives is replaced at once and
+counts no restart (the job did not stop: the survivor leads, or goes on standing by), and a
+pod missing beside a live one is created. When both are gone the job's restartPolicy applies as
+to a single driver; a spec change or a suspension stops both.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dstream_operator import restarts
 from dstream_operator.resources import job_manifest
 from dstream_operator.status import (
     DriverReport,
+    DriverRoles,
     JobStatus,
     PodFacts,
     running_phase,
@@ -57,6 +65,9 @@ class Observation:
     spec_hash: str  # of the current spec; a live driver with another one is outdated
     now: datetime
     template_overrides: tuple[str, ...] = ()  # pod template fields the operator overrides
+    second: PodFacts | None = None  # the second driver pod (driver.standby)
+    second_vanished: PodFacts | None = None
+    leader: str | None = None  # the holder of the job's Lease (driver.standby)
 
 
 @dataclass
@@ -64,8 +75,9 @@ class Plan:
     """What to do: stop and/or create the driver, post events, write the status."""
 
     status: JobStatus
-    stop_driver: str | None = None  # a STOP_* reason
-    create_driver: bool = False
+    stop_driver: str | None = None  # a STOP_* reason, for every driver pod of the job
+    create_driver: bool = False  # every driver pod the job should run and does not have
+    ended_pods: list[str] = field(default_factory=list)  # to mark STOP_ENDED and remove
     restarted: bool = False
     events: list[Event] = field(default_factory=list)
     wake_at: datetime | None = None  # plan again then, even if nothing changes (backoff end)
@@ -76,6 +88,14 @@ def plan(seen: Observation) -> Plan:
     """Decide for one job; see the module docstring."""
     if seen.job is None:
         return _invalid(seen)
+    if seen.job.spec.driver.standby or seen.second or seen.second_vanished:
+        return _plan_pair(seen)
+    return _plan_driver(seen)
+
+
+def _plan_driver(seen: Observation) -> Plan:
+    """Decide for a job's one driver (or the leader of two)."""
+    assert seen.job is not None
     if _predecessors(seen.driver, seen.job_uid):
         return _await_predecessor(seen, seen.driver, seen.job.spec.executor.instances)
     if _predecessors(seen.vanished, seen.job_uid):
@@ -329,3 +349,72 @@ def _run(seen: Observation, step: Plan, run_hash: str) -> None:
         step.events.append(
             Event("Warning", "PodTemplateOverridden", message + ", ".join(seen.template_overrides))
         )
+
+
+def _unhandled_end(pod: PodFacts | None, vanished: bool) -> bool:
+    """A pod that ended (exited, deleted, gone) without the operator stopping it."""
+    if pod is None or pod.stop_reason is not None:
+        return False
+    return vanished or pod.deleting or pod.terminal
+
+
+def _plan_pair(seen: Observation) -> Plan:
+    """Two driver pods: see the module docstring."""
+    assert seen.job is not None
+    present = [p for p in (seen.driver, seen.second) if p is not None]
+    living = [p for p in present if p.alive]
+    lead = next((p for p in living if p.name == seen.leader), living[0] if living else None)
+    ended = [p for p in present if _unhandled_end(p, vanished=False)] + [
+        p for p in (seen.vanished, seen.second_vanished) if _unhandled_end(p, vanished=True)
+    ]
+    standby = seen.job.spec.driver.standby
+    if lead is not None and ended and standby:
+        step = _plan_driver(dataclasses.replace(seen, driver=lead, vanished=None))
+        if step.stop_driver is None:
+            _replace_lost(seen, lead, ended, step)
+    else:  # planned as one driver: the leader, else the one whose end is to be handled
+        view = lead or next((p for p in present if p in ended), present[0] if present else None)
+        vanished = next((p for p in ended if p not in present), None)
+        vanished = vanished or seen.vanished or seen.second_vanished
+        step = _plan_driver(dataclasses.replace(seen, driver=view, vanished=vanished))
+    if lead is not None and standby and len(present) < 2 and _keeps_running(step):
+        step.create_driver = True
+    step.status = step.status.model_copy(update={"driver": _roles(seen, living)})
+    return step
+
+
+def _replace_lost(seen: Observation, lead: PodFacts, ended: list[PodFacts], step: Plan) -> None:
+    """One of the two drivers ended while the other lives: remove it, and (once its name is
+    free) create it again, counting no restart."""
+    for pod in ended:
+        if pod in (seen.driver, seen.second):
+            step.ended_pods.append(pod.name)
+        message = (
+            f"{_end_of(pod)}; {lead.name} {_role_after(seen, lead, pod)}; replacing {pod.name} now"
+        )
+        step.events.append(Event("Warning", "DriverLost", message))
+
+
+def _role_after(seen: Observation, survivor: PodFacts, lost: PodFacts) -> str:
+    """What the surviving driver does now, by the Lease as last read."""
+    if lost.name == seen.leader:
+        return "takes over once the Lease is free"
+    return "leads" if survivor.name == seen.leader else "stands by"
+
+
+def _end_of(pod: PodFacts) -> str:
+    if pod.terminal:
+        return pod.describe_end()
+    return f"driver pod {pod.name} was deleted"
+
+
+def _keeps_running(step: Plan) -> bool:
+    return step.stop_driver is None and step.status.phase not in ("Failed", "Suspended")
+
+
+def _roles(seen: Observation, living: list[PodFacts]) -> DriverRoles:
+    """Who leads (the Lease's holder, if it is one of the live pods) and who stands by."""
+    names = [p.name for p in living]
+    leader = seen.leader if seen.leader in names else None
+    standby = next((n for n in names if n != leader), None) if leader else None
+    return DriverRoles(leader=leader, standby=standby)

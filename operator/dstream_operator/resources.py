@@ -80,6 +80,27 @@ def driver_name(job: str) -> str:
     return f"{job}-driver"
 
 
+def second_driver_name(job: str) -> str:
+    """The second driver pod of a job with `driver.standby` (either of the two may lead)."""
+    return f"{job}-driver-2"
+
+
+def driver_pod_names(job: StreamingJob, owner: Owner) -> tuple[str, ...]:
+    """The driver pods the job runs: one, or two with `driver.standby`."""
+    first = driver_name(owner.name)
+    return (first, second_driver_name(owner.name)) if job.spec.driver.standby else (first,)
+
+
+def lease_name(job: str) -> str:
+    """The coordination.k8s.io/v1 Lease that elects the leader of a standby job's drivers."""
+    return f"{job}-driver"
+
+
+def lease_identity(pod: str, uid: str | None) -> str:
+    """How a driver pod names itself as the holder of its job's Lease (kube_lease.identity)."""
+    return f"{pod}/{uid}"
+
+
 def service_name(job: str) -> str:
     return dns_label(f"{job}-driver")
 
@@ -92,9 +113,19 @@ def cleanup_pod_name(job: str) -> str:
     return f"{job}-checkpoint-cleanup"
 
 
-def executor_pod_prefix(job: str) -> str:
-    """Spark requires the prefix of `<prefix>-exec-<n>` to be a DNS label of at most 47 chars."""
-    return dns_label(job, 47)
+def executor_pod_prefix(job: str, driver_pod: str | None = None) -> str:
+    """Spark requires the prefix of `<prefix>-exec-<n>` to be a DNS label of at most 47 chars.
+    The second driver of a standby job names its executors after itself: the two drivers'
+    executors run side by side."""
+    if driver_pod is None or driver_pod == driver_name(job):
+        return dns_label(job, 47)
+    return dns_label(driver_pod, 47)
+
+
+def executors_of(job: str, driver_pod: str, executors: dict[str, bool]) -> dict[str, bool]:
+    """Of the job's executor pods (name -> ready), those of one of its driver pods."""
+    prefix = f"{executor_pod_prefix(job, driver_pod)}-exec-"
+    return {name: ready for name, ready in executors.items() if name.startswith(prefix)}
 
 
 def labels(job: str, role: str) -> dict[str, str]:
@@ -125,29 +156,40 @@ def service_account(owner: Owner) -> dict[str, Any]:
     }
 
 
-def role(owner: Owner) -> dict[str, Any]:
+def role(owner: Owner, standby: bool = False) -> dict[str, Any]:
     """What Spark's driver does in its namespace: executor pods, their services, config maps
-    and on-demand volume claims. Nothing cluster-wide."""
+    and on-demand volume claims; with a standby, the job's Lease too. Nothing cluster-wide."""
+    rules = [
+        {
+            "apiGroups": [""],
+            "resources": ["pods", "services", "configmaps", "persistentvolumeclaims"],
+            "verbs": [
+                "get",
+                "list",
+                "watch",
+                "create",
+                "update",
+                "patch",
+                "delete",
+                "deletecollection",
+            ],
+        }
+    ]
+    if standby:  # creating cannot be limited to one name; reading and writing can
+        rules += [
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": [lease_name(owner.name)],
+                "verbs": ["get", "patch"],
+            },
+        ]
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _metadata(driver_name(owner.name), owner, "driver"),
-        "rules": [
-            {
-                "apiGroups": [""],
-                "resources": ["pods", "services", "configmaps", "persistentvolumeclaims"],
-                "verbs": [
-                    "get",
-                    "list",
-                    "watch",
-                    "create",
-                    "update",
-                    "patch",
-                    "delete",
-                    "deletecollection",
-                ],
-            }
-        ],
+        "rules": rules,
     }
 
 
@@ -197,16 +239,18 @@ def config_map(job: StreamingJob, owner: Owner) -> dict[str, Any]:
     }
 
 
-def service(owner: Owner) -> dict[str, Any]:
+def service(owner: Owner, standby: bool = False) -> dict[str, Any]:
     """Headless, and publishing not-ready addresses: executors must reach the driver while it
-    starts, before its readiness probe passes."""
+    starts, before its readiness probe passes. With a standby it points at the leader only:
+    a driver is ready once it has completed a batch, which a standby never does, and the
+    executors reach their own driver at its pod IP instead (`spark_conf`)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _metadata(service_name(owner.name), owner, "driver"),
         "spec": {
             "clusterIP": "None",
-            "publishNotReadyAddresses": True,
+            "publishNotReadyAddresses": not standby,
             "selector": {JOB_LABEL: owner.name, ROLE_LABEL: "driver"},
             "ports": [
                 {"name": "spark-driver", "port": DRIVER_PORT, "targetPort": DRIVER_PORT},
@@ -222,9 +266,6 @@ def service(owner: Owner) -> dict[str, Any]:
     }
 
 
-# Drivers a job runs at once: one today; a hot standby would make it two, and the driver
-# budget then keeps one of them through any drain.
-DRIVERS = 1
 # PodDisruptionBudget: policy/v1 from Kubernetes 1.21 (and the only one from 1.25),
 # policy/v1beta1 before; the operator uses the one the cluster serves (`Kube.serves`).
 POLICY_VERSIONS = ("policy/v1", "policy/v1beta1")
@@ -245,11 +286,13 @@ def disruption_budget(
     Kubernetes honours `maxUnavailable` only for pods whose controller has a scale subresource
     (a Deployment, a StatefulSet); for other pods, such as ours, the disruption controller
     cannot count the expected pods and refuses every eviction. So the budget is written as the
-    equivalent `minAvailable`: the role's pod count less the job's `maxUnavailable`."""
+    equivalent `minAvailable`: the role's pod count less the job's `maxUnavailable`. A job with
+    a standby has two drivers, and by default keeps one of them through any drain; as only the
+    leader is ready (see `service`), that one is the leader, and a drain evicts the standby."""
     settings = job.spec.driver if role == "driver" else job.spec.executor
     if not settings.disruption_budget.enabled:
         return None
-    pods = DRIVERS if role == "driver" else job.spec.executor.instances
+    pods = len(driver_pod_names(job, owner)) if role == "driver" else job.spec.executor.instances
     return {
         "apiVersion": policy_version,
         "kind": "PodDisruptionBudget",
@@ -307,12 +350,13 @@ def children(job: StreamingJob, owner: Owner, platform: Platform) -> list[dict[s
     """Everything but the driver pod (see `supervisor.apply_children` for the order)."""
     budgets = (disruption_budget(job, owner, r, platform.policy_version) for r in DISRUPTED_ROLES)
     ingress = [ui_ingress(owner, platform.ui_ingress)] if platform.ui_ingress else []
+    standby = job.spec.driver.standby
     return [
         service_account(owner),
-        role(owner),
+        role(owner, standby),
         role_binding(job, owner),
         config_map(job, owner),
-        service(owner),
+        service(owner, standby),
         *filter(None, budgets),
         *ingress,
     ]
@@ -404,13 +448,23 @@ def grace_seconds(job: StreamingJob) -> int:
     return max(30, math.ceil(12 * job.spec.batch_interval_ms / 1000))
 
 
-def spark_conf(job: StreamingJob, owner: Owner, driver_host: DriverHost) -> dict[str, str]:
-    """Spark's Kubernetes client-mode settings for this job; the user's sparkConf comes last
-    and wins."""
+# The driver's setting that makes it elect through a Lease (dstream.runtime.lease.KUBE_LEASE_KEY;
+# the operator does not import the engine).
+KUBE_LEASE_KEY = "spark.dstream.lease.kubernetes"
+
+
+def spark_conf(
+    job: StreamingJob, owner: Owner, driver_host: DriverHost, pod: str | None = None
+) -> dict[str, str]:
+    """Spark's Kubernetes client-mode settings for this job's driver pod `pod` (the first by
+    default); the user's sparkConf comes last and wins. The two drivers of a standby job are
+    reached at their pod IPs (the Service points at the leader only) and elect through the
+    job's Lease."""
     spec = job.spec
+    pod = pod or driver_name(owner.name)
     host = (
         "$(POD_IP)"
-        if driver_host == "pod-ip"
+        if driver_host == "pod-ip" or spec.driver.standby
         else f"{service_name(owner.name)}.{owner.namespace}.svc"
     )
     conf = {
@@ -426,8 +480,8 @@ def spark_conf(job: StreamingJob, owner: Owner, driver_host: DriverHost) -> dict
         "spark.kubernetes.namespace": owner.namespace,
         "spark.kubernetes.container.image": spec.image,
         "spark.kubernetes.container.image.pullPolicy": spec.image_pull_policy,
-        "spark.kubernetes.driver.pod.name": driver_name(owner.name),
-        "spark.kubernetes.executor.podNamePrefix": executor_pod_prefix(owner.name),
+        "spark.kubernetes.driver.pod.name": pod,
+        "spark.kubernetes.executor.podNamePrefix": executor_pod_prefix(owner.name, pod),
         f"spark.kubernetes.executor.label.{JOB_LABEL}": owner.name,
         f"spark.kubernetes.executor.label.{ROLE_LABEL}": "executor",
         "spark.executor.instances": str(spec.executor.instances),
@@ -437,6 +491,8 @@ def spark_conf(job: StreamingJob, owner: Owner, driver_host: DriverHost) -> dict
         "spark.speculation.multiplier": str(spec.speculation.multiplier),
         "spark.speculation.quantile": str(spec.speculation.quantile),
     }
+    if spec.driver.standby:
+        conf[KUBE_LEASE_KEY] = f"{owner.namespace}/{lease_name(owner.name)}"
     for volume in spec.volumes:
         conf |= _executor_volume_conf(volume)
     conf |= _executor_secret_conf(job)
@@ -591,23 +647,35 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 
 
 def driver_args(
-    job: StreamingJob, owner: Owner, driver_host: DriverHost, api_server: str = DEFAULT_API_SERVER
+    job: StreamingJob,
+    owner: Owner,
+    driver_host: DriverHost,
+    api_server: str = DEFAULT_API_SERVER,
+    pod: str | None = None,
 ) -> list[str]:
-    """The fixed driver CLI contract: job file, API port, master, API host, then
-    `--conf key=value`s. The API listens on every interface (probes, the operator, Prometheus),
-    which the driver allows only with a token (API_TOKEN_FILE)."""
+    """The fixed driver CLI contract: job file, API port, master, API host, `--standby` for
+    either driver of a standby job (the Lease decides which leads), then `--conf key=value`s.
+    The API listens on every interface (probes, the operator, Prometheus), which the driver
+    allows only with a token (API_TOKEN_FILE)."""
     args = [JOB_FILE, "--port", str(API_PORT), "--master", f"k8s://{api_server}"]
     args += ["--host", "0.0.0.0"]
-    for key, value in spark_conf(job, owner, driver_host).items():
+    if job.spec.driver.standby:
+        args.append("--standby")
+    for key, value in spark_conf(job, owner, driver_host, pod).items():
         args += ["--conf", f"{key}={value}"]
     return args
 
 
 def driver_pod(
-    job: StreamingJob, owner: Owner, driver_host: DriverHost, api_server: str = DEFAULT_API_SERVER
+    job: StreamingJob,
+    owner: Owner,
+    driver_host: DriverHost,
+    api_server: str = DEFAULT_API_SERVER,
+    pod: str | None = None,
 ) -> dict[str, Any]:
-    """The driver pod: what the operator generates, laid over the job's pod customisation."""
-    return _driver_pod_and_overrides(job, owner, driver_host, api_server)[0]
+    """The driver pod `pod` (the first by default; see `driver_pod_names`): what the operator
+    generates, laid over the job's pod customisation."""
+    return _driver_pod_and_overrides(job, owner, driver_host, api_server, pod)[0]
 
 
 def template_overrides(
@@ -623,24 +691,28 @@ def template_overrides(
 
 
 def _driver_pod_and_overrides(
-    job: StreamingJob, owner: Owner, driver_host: DriverHost, api_server: str
+    job: StreamingJob,
+    owner: Owner,
+    driver_host: DriverHost,
+    api_server: str,
+    name: str | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     customised, by_fields = _customised(job.spec.driver, DRIVER_CONTAINER)
     pod, by_operator = merge_under(
-        customised, _generated_driver_pod(job, owner, driver_host, api_server)
+        customised, _generated_driver_pod(job, owner, driver_host, api_server, name)
     )
     return pod, by_fields + by_operator
 
 
 def _generated_driver_pod(
-    job: StreamingJob, owner: Owner, driver_host: DriverHost, api_server: str
+    job: StreamingJob, owner: Owner, driver_host: DriverHost, api_server: str, name: str | None
 ) -> dict[str, Any]:
     """The driver pod as the operator needs it. Its restartPolicy is Never: the operator, not
     the kubelet, applies the job's restartPolicy, so restarts are counted and backed off. A
     startup probe gives a recovering driver time to replay its checkpoint before liveness
     checks begin."""
     spec = job.spec
-    name = driver_name(owner.name)
+    name = name or driver_name(owner.name)
     user_volumes, user_mounts = _user_volumes(job)
     memory = f"{pod_memory_mib(spec.driver.memory)}Mi"
     metadata = _metadata(name, owner, "driver")
@@ -650,10 +722,11 @@ def _generated_driver_pod(
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["python", "-m", "dstream.service.driver"],
-        "args": driver_args(job, owner, driver_host, api_server),
+        "args": driver_args(job, owner, driver_host, api_server, name),
         "env": [
             _field_env("POD_IP", "status.podIP"),
             _field_env("POD_NAME", "metadata.name"),
+            _field_env("POD_UID", "metadata.uid"),  # with the name, its identity in a Lease
             _field_env("POD_NAMESPACE", "metadata.namespace"),
             {"name": "DSTREAM_API_TOKEN_FILE", "value": API_TOKEN_FILE},
             *_secret_env(job),

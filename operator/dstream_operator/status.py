@@ -50,6 +50,14 @@ class Executors(StatusModel):
     desired: int = Field(0, ge=0)
 
 
+class DriverRoles(StatusModel):
+    """The two driver pods of a job with `driver.standby`: who holds the job's Lease and leads,
+    and who follows the checkpoint, ready to take over."""
+
+    leader: str | None = None
+    standby: str | None = None
+
+
 class JobStatus(StatusModel):
     """`.status` of a StreamingJob, as the operator writes it."""
 
@@ -57,6 +65,9 @@ class JobStatus(StatusModel):
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = Field(None, description="The spec generation acted upon.")
     driver_pod: str | None = None
+    driver: DriverRoles | None = Field(
+        None, description="With driver.standby: the leading and the standing-by driver pods."
+    )
     executors: Executors | None = None
     restarts: int = Field(0, ge=0, description="Driver restarts after failures or losses.")
     next_restart_time: datetime | None = Field(

@@ -27,7 +27,7 @@ from dstream.spec import API_VERSION, KIND, SpecError, StreamingJob, parse_job
 from dstream_operator import metrics, resources
 from dstream_operator.driver_api import fetch_report
 from dstream_operator.kube import Kube, KubeError
-from dstream_operator.reconcile import Event, Observation, Plan, plan
+from dstream_operator.reconcile import STOP_ENDED, Event, Observation, Plan, plan
 from dstream_operator.status import (
     STOP_REASON_ANNOTATION,
     DriverReport,
@@ -38,6 +38,7 @@ from dstream_operator.status import (
 )
 
 logger = logging.getLogger(__name__)
+LEASE_API = "coordination.k8s.io/v1"
 
 JobKey = tuple[str, str]  # (namespace, name)
 # Answers to creating a driver pod that no retry can change (a pod template the API server
@@ -55,6 +56,8 @@ class JobMemory:
     status: JobStatus | None = None  # as the supervisor last wrote it
     driver: PodFacts | None = None
     vanished: PodFacts | None = None  # a driver pod gone since the last step
+    second: PodFacts | None = None  # the second driver pod of a job with driver.standby
+    second_vanished: PodFacts | None = None
     executors: dict[str, bool] = field(default_factory=dict)  # pod name -> ready
     report: DriverReport | None = None
     polled_at: float = -math.inf
@@ -69,6 +72,13 @@ class JobMemory:
             self.driver = dataclasses.replace(self.driver, deleting=True, stop_reason=reason)
         if self.vanished is not None and self.vanished.uid == pod.uid:
             self.vanished = dataclasses.replace(self.vanished, stop_reason=reason)
+        if self.second is not None and self.second.uid == pod.uid:
+            self.second = dataclasses.replace(self.second, deleting=True, stop_reason=reason)
+        if self.second_vanished is not None and self.second_vanished.uid == pod.uid:
+            self.second_vanished = dataclasses.replace(self.second_vanished, stop_reason=reason)
+
+    def driver_pods(self) -> list[PodFacts]:
+        return [p for p in (self.driver, self.second) if p is not None]
 
     def current_status(self) -> JobStatus:
         if self.status is not None:
@@ -105,18 +115,23 @@ class JobBook:
         memory.set_up, memory.children_for = True, spec_hash
         self.touch(key)
 
-    def see_driver(self, key: JobKey, pod: PodFacts, deleted: bool) -> None:
+    def see_driver(self, key: JobKey, pod: PodFacts, deleted: bool, second: bool = False) -> None:
+        """A driver pod changed: the job's first, or (`second`) its standby job's second."""
         memory = self.memory(key)
-        known = memory.driver
+        known = memory.second if second else memory.driver
         if known is not None and known.uid == pod.uid and pod.stop_reason is None:
             # an event from before the supervisor marked this pod: keep the mark, so that the
             # pod's end is not counted twice
             pod = dataclasses.replace(pod, stop_reason=known.stop_reason)
-        if deleted:
-            memory.driver, memory.vanished = None, pod
-            self._forget_if_orphaned(key)
+        current, vanished = (None, pod) if deleted else (pod, None)
+        if second:
+            memory.second = current
+            memory.second_vanished = vanished or memory.second_vanished
         else:
-            memory.driver = pod
+            memory.driver = current
+            memory.vanished = vanished or memory.vanished
+        if deleted:
+            self._forget_if_orphaned(key)
         self.touch(key)
 
     def see_executor(self, key: JobKey, pod: PodFacts, deleted: bool) -> None:
@@ -131,7 +146,7 @@ class JobBook:
     def _forget_if_orphaned(self, key: JobKey) -> None:
         """Pods of a deleted job go after the job itself: keep no memory for them."""
         memory = self.jobs[key]
-        if memory.body is None and memory.driver is None and not memory.executors:
+        if memory.body is None and not memory.driver_pods() and not memory.executors:
             del self.jobs[key]
 
     def reset_failure(self, key: JobKey) -> bool:
@@ -224,10 +239,19 @@ def parse(body: dict[str, Any]) -> tuple[StreamingJob | None, tuple[str, ...]]:
         return None, tuple(error.problems)
 
 
-async def stop_driver(kube: Kube, owner: resources.Owner, reason: str) -> bool:
-    """Mark the driver with why it is stopped, then delete it with its grace period (the
-    driver stops its stream gracefully on SIGTERM). False if there was no driver."""
-    name = resources.driver_name(owner.name)
+async def stop_driver(
+    kube: Kube, owner: resources.Owner, reason: str, standby: bool = False
+) -> bool:
+    """Stop the job's driver pod (`stop_pod`), both of a `standby` job; False if none was."""
+    names = [resources.driver_name(owner.name)]
+    names += [resources.second_driver_name(owner.name)] if standby else []
+    stopped = [await stop_pod(kube, owner, name, reason) for name in names]
+    return any(stopped)
+
+
+async def stop_pod(kube: Kube, owner: resources.Owner, name: str, reason: str) -> bool:
+    """Mark a driver pod with why it is stopped, then delete it with its grace period (the
+    driver stops its stream gracefully on SIGTERM). False if there was no such pod."""
     marked = await kube.patch(
         "v1",
         "Pod",
@@ -316,7 +340,9 @@ class Supervisor:
         owner = owner_of(memory.body)
         job, problems = parse(memory.body)
         vanished, memory.vanished = memory.vanished, None
+        second_vanished, memory.second_vanished = memory.second_vanished, None
         try:
+            leader = await self._leader(memory, owner, job)
             seen = Observation(
                 job=job,
                 job_uid=owner.uid,
@@ -324,17 +350,21 @@ class Supervisor:
                 status=memory.current_status(),
                 driver=memory.driver,
                 vanished=vanished,
-                executors_ready=sum(memory.executors.values()),
-                report=await self._report(memory, owner, http),
+                executors_ready=sum(self._executors(memory, owner, leader).values()),
+                report=await self._report(memory, owner, http, leader),
                 spec_hash=resources.spec_hash(job) if job else "",
                 now=datetime.now(UTC),
                 template_overrides=tuple(self._template_overrides(job, owner)),
+                second=memory.second,
+                second_vanished=second_vanished,
+                leader=leader,
             )
             step = plan(seen)
             await self._act(step, memory, owner, job, seen.now)
             memory.wake_at = step.wake_at
         except Exception:
             memory.vanished = memory.vanished or vanished  # decide on it again next time
+            memory.second_vanished = memory.second_vanished or second_vanished
             raise
         await self._write_status(memory, owner, step.status)
 
@@ -344,11 +374,42 @@ class Supervisor:
         settings = self.settings
         return resources.template_overrides(job, owner, settings.driver_host, settings.api_server)
 
+    async def _leader(
+        self, memory: JobMemory, owner: resources.Owner, job: StreamingJob | None
+    ) -> str | None:
+        """The driver pod of a standby job that holds its Lease, if one of those known does
+        (not a dead one whose name a new pod has taken)."""
+        if not memory.second and not (job and job.spec.driver.standby):
+            return None
+        name = resources.lease_name(owner.name)
+        lease = await self.kube.get(LEASE_API, "Lease", owner.namespace, name)
+        holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+        pods = memory.driver_pods()
+        return next(
+            (p.name for p in pods if resources.lease_identity(p.name, p.uid) == holder), None
+        )
+
+    @staticmethod
+    def _executors(
+        memory: JobMemory, owner: resources.Owner, leader: str | None
+    ) -> dict[str, bool]:
+        """The job's executors, the leader's only when it has two drivers (the standby's
+        executors are standing by too)."""
+        if not memory.second:
+            return memory.executors
+        return resources.executors_of(owner.name, leader or "", memory.executors)
+
     async def _report(
-        self, memory: JobMemory, owner: resources.Owner, http: aiohttp.ClientSession
+        self,
+        memory: JobMemory,
+        owner: resources.Owner,
+        http: aiohttp.ClientSession,
+        leader: str | None,
     ) -> DriverReport | None:
-        """The driver's last report, refreshed at most once per interval while it runs."""
-        driver = memory.driver
+        """The driver's (the leader's) last report, refreshed at most once per interval while
+        it runs."""
+        pods = memory.driver_pods()
+        driver = next((p for p in pods if p.name == leader), pods[0] if pods else None)
         if driver is None or not driver.alive or driver.phase != "Running":
             memory.report, memory.polled_at = None, -math.inf
             return None
@@ -369,32 +430,52 @@ class Supervisor:
         job: StreamingJob | None,
         now: datetime,
     ) -> None:
-        driver = memory.driver
         if step.restarted:
             memory.children_for = None  # a lost driver's replacement repairs them
-        if step.stop_driver and driver is not None:
-            await stop_driver(self.kube, owner, step.stop_driver)
-            memory.mark_stopped(driver, step.stop_driver)
+        for pod in memory.driver_pods():
+            reason = step.stop_driver or (STOP_ENDED if pod.name in step.ended_pods else None)
+            if reason is not None:
+                await stop_pod(self.kube, owner, pod.name, reason)
+                memory.mark_stopped(pod, reason)
         if step.create_driver and job is not None:
             job = step.run_job or job  # the spec, or the one a rollback returned to
             await self._apply_children(memory, job, owner)
-            pod = resources.driver_pod(
-                job, owner, self.settings.driver_host, self.settings.api_server
-            )
-            try:
-                created = await self.kube.create(pod)
-            except KubeError as error:
-                if error.status not in REJECTED:
-                    raise
-                _reject(step, f"the API server rejected the driver pod: {error}", now)
-            else:
-                memory.driver = pod_facts(created or pod)
+            await self._create_missing(memory, job, owner, step, now)
         if step.restarted:
             metrics.DRIVER_RESTARTS.labels(owner.namespace, owner.name).inc()
         for event in step.events:
             await self.kube.create(
                 resources.event(owner, event.type, event.reason, event.message, now)
             )
+
+    async def _create_missing(
+        self,
+        memory: JobMemory,
+        job: StreamingJob,
+        owner: resources.Owner,
+        step: Plan,
+        now: datetime,
+    ) -> None:
+        """Create the job's driver pods that do not exist: the first, and a standby job's
+        second."""
+        names = resources.driver_pod_names(job, owner)
+        for name in names:
+            if name in (p.name for p in memory.driver_pods()):
+                continue
+            settings = self.settings
+            pod = resources.driver_pod(job, owner, settings.driver_host, settings.api_server, name)
+            try:
+                created = await self.kube.create(pod)
+            except KubeError as error:
+                if error.status not in REJECTED:
+                    raise
+                _reject(step, f"the API server rejected the driver pod: {error}", now)
+                return
+            facts = pod_facts(created or pod)
+            if name == names[0]:
+                memory.driver = facts
+            else:
+                memory.second = facts
 
     async def _apply_children(
         self, memory: JobMemory, job: StreamingJob, owner: resources.Owner

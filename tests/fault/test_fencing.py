@@ -17,7 +17,7 @@ from dstream.runtime.fencing import (
     claim_epoch,
     epoch_source_from_env,
 )
-from dstream.runtime.lease import CheckpointInUseError, CheckpointLease
+from dstream.runtime.lease import CheckpointInUseError, CheckpointLease, LeadLostError
 from fault.harness import wait_until
 
 
@@ -109,3 +109,63 @@ def test_a_frozen_leader_loses_its_lease_and_wakes_up_deposed(tmp_path):
         third.acquire(wait=False)  # the new leader renews its lease and holds the lock
     standby.release()
     assert not standby_deposed
+
+
+class Ballot:
+    """An election decided outside the checkpoint, as the Kubernetes Lease is
+    (runtime/kube_lease.py, tested on the real API server in tests/k8s/test_driver_lease.py)."""
+
+    poll_s = 0.01
+
+    def __init__(self) -> None:
+        self.holder: str | None = None
+        self.lost: str | None = None
+
+    def for_(self, name: str) -> Vote:
+        return Vote(self, name)
+
+
+class Vote:
+    """One driver's view of the Ballot."""
+
+    def __init__(self, ballot: Ballot, name: str):
+        self.ballot, self.name = ballot, name
+        self.poll_s = ballot.poll_s
+
+    def try_acquire(self) -> bool:
+        if self.ballot.holder in (None, self.name):
+            self.ballot.holder = self.name
+            return True
+        return False
+
+    def renew(self) -> str | None:
+        return None if self.ballot.holder == self.name else f"held by {self.ballot.holder}"
+
+    def release(self) -> None:
+        if self.ballot.holder == self.name:
+            self.ballot.holder = None
+
+    def describe(self) -> str:
+        return f"the ballot, held by {self.ballot.holder}"
+
+
+def test_an_election_replaces_the_lock_and_its_loss_deposes_the_leader(tmp_path):
+    """With an Election the lock and the lease's expiry elect nobody: only the election does;
+    the epoch is still claimed in the checkpoint, and a leader that loses the election is
+    deposed by its renewals (LeadLostError, exit 6); a clean stop releases the election."""
+    ballot = Ballot()
+    leader = CheckpointLease(tmp_path, 0.2, NextEpoch(), ballot.for_("a"))
+    assert (leader.acquire(wait=False).epoch, leader.taken_by) == (1, "lease")
+    follower = CheckpointLease(tmp_path, 0.2, NextEpoch(), ballot.for_("b"))
+    with pytest.raises(CheckpointInUseError, match="the ballot, held by a"):
+        follower.acquire(wait=False)
+    deposed: list[DeposedError] = []
+    leader.start_renewing(deposed.append)
+    ballot.holder = "b"  # the Lease went to b: a's renewals see it
+    (error,) = wait_until(lambda: deposed, 10)
+    assert isinstance(error, LeadLostError)
+    assert "deposed: held by b" in str(error) and "at epoch 1" in str(error)
+    leader.release()
+    assert follower.acquire(wait=True).epoch == 2  # held by b already: b leads at once
+    follower.release()
+    assert ballot.holder is None  # a clean stop lets the other driver in at once

@@ -331,7 +331,7 @@ def test_disruption_budgets_let_one_driver_and_one_executor_go_at_a_time(policy_
     assert driver["apiVersion"] == policy_version
     assert driver["metadata"]["name"] == "wc-driver"
     assert driver["spec"] == {
-        "minAvailable": resources.DRIVERS - 1,
+        "minAvailable": 0,  # one driver, and it may go
         "selector": {"matchLabels": {"dstream.dev/job": "wc", "dstream.dev/role": "driver"}},
     }
     assert executor["spec"]["minAvailable"] == 2

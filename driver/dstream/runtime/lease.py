@@ -20,8 +20,12 @@ the epoch makes both safe. The lease's clock is the file's modification time, se
 clock of the machine (or, on NFS, the server) that stores the checkpoint, and read against this
 machine's clock: keep the duration well above the clock skew between the drivers' machines.
 
-With an epoch given by an election held elsewhere (GivenEpoch: the Kubernetes Lease), the
+With an epoch given by an election held elsewhere (GivenEpoch, from DSTREAM_EPOCH), the
 driver claims it at once: the election decided, and the fence deposes whoever led before.
+
+On Kubernetes the two drivers of a job live in different pods, so an `Election` replaces the
+lock and the lease's expiry: the job's coordination.k8s.io/v1 Lease (kube_lease.py) decides who
+leads, and the epoch is still claimed in the checkpoint, which is where every write is checked.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from dstream.runtime.fencing import (
     DeposedError,
@@ -47,8 +52,38 @@ log = logging.getLogger(__name__)
 
 LOCK_FILE = "leader.lock"
 DURATION_KEY = "spark.dstream.lease.durationSeconds"
+KUBE_LEASE_KEY = "spark.dstream.lease.kubernetes"  # "<namespace>/<name>": elect by that Lease
 DEFAULT_DURATION_S = 10.0
 POLL_S = 0.1
+
+
+class Election(Protocol):
+    """Who leads, decided outside the checkpoint (the Kubernetes Lease of kube_lease.py)."""
+
+    poll_s: float  # how often a standby asks
+
+    def try_acquire(self) -> bool: ...
+
+    def renew(self) -> str | None:
+        """None while still elected, else why not (the lead is lost)."""
+        ...
+
+    def release(self) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+class LeadLostError(DeposedError):
+    """The election went to another driver, or could not be renewed in time: this driver must
+    not write again (its successor's epoch would refuse it anyway)."""
+
+    def __init__(self, epoch: int, election: str, why: str):
+        RuntimeError.__init__(
+            self,
+            f"deposed: {why} ({election}) while this driver led at epoch {epoch}; another "
+            "driver leads this checkpoint now, so this one commits nothing more and exits",
+        )
+        self.epoch, self.newer, self.holder = epoch, epoch, ""
 
 
 class CheckpointInUseError(RuntimeError):
@@ -58,16 +93,23 @@ class CheckpointInUseError(RuntimeError):
 class CheckpointLease:
     """The lead of one checkpoint: taken by `acquire`, renewed until `release`."""
 
-    def __init__(self, checkpoint_path: str | Path, duration_s: float, source: EpochSource):
+    def __init__(
+        self,
+        checkpoint_path: str | Path,
+        duration_s: float,
+        source: EpochSource,
+        election: Election | None = None,
+    ):
         self.path = Path(checkpoint_path)
         self.ledger = EpochLedger(self.path)
         self.duration_s = duration_s
         self._source = source
+        self._election = election
         self._lock_fd: int | None = None
         self._released = threading.Event()
         self._renewer: threading.Thread | None = None
         self.fence: Fence | None = None
-        self.taken_by = ""  # how the lead was taken: "lock", "expiry" or "election"
+        self.taken_by = ""  # how the lead was taken: "lock", "expiry", "election" or "lease"
 
     def acquire(self, wait: bool) -> Fence:
         """Take the lead: when the lock is free, or the newest claim's lease has expired, or an
@@ -101,12 +143,14 @@ class CheckpointLease:
                     "standby: waiting for the lead of %s (%s)", self.path, self._describe(newest)
                 )
                 announced = True
-            self._released.wait(POLL_S)
+            self._released.wait(self._election.poll_s if self._election else POLL_S)
 
     def _takeable(self) -> str:
         """How the lead can be taken now ("" when it cannot)."""
         if isinstance(self._source, GivenEpoch):
             return "election"
+        if self._election is not None:
+            return "lease" if self._election.try_acquire() else ""
         if self._try_lock():
             return "lock"
         if self.expired_for() > 0:
@@ -122,6 +166,8 @@ class CheckpointLease:
         return time.time() - renewed - self.duration_s
 
     def _describe(self, epoch: int) -> str:
+        if self._election is not None:
+            return self._election.describe()
         if not epoch:
             return "a driver from before epochs"
         holder = self.ledger.holder(epoch) or "unknown"
@@ -164,7 +210,15 @@ class CheckpointLease:
                 return
             except OSError as error:
                 log.warning("renewing the lease of %s failed: %s", self.path, error)
-            self._try_lock()  # taken by expiry: the lock too, once the old leader lets go
+            if self._election is None:
+                self._try_lock()  # taken by expiry: the lock too, once the old leader lets go
+                continue
+            lost = self._election.renew()
+            if lost is not None:
+                error = LeadLostError(self.fence.epoch, str(self._election), lost)
+                log.error("%s", error)
+                on_deposed(error)
+                return
 
     def release(self) -> None:
         """Stop renewing and let go of the lock (a standby then takes over within a poll)."""
@@ -174,3 +228,5 @@ class CheckpointLease:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        if self._election is not None and self.fence is not None:
+            self._election.release()

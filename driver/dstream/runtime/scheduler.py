@@ -43,7 +43,13 @@ from dstream.runtime.fencing import (
     set_current_fence,
 )
 from dstream.runtime.latency import BatchLatency
-from dstream.runtime.lease import DEFAULT_DURATION_S, DURATION_KEY, CheckpointLease
+from dstream.runtime.lease import (
+    DEFAULT_DURATION_S,
+    DURATION_KEY,
+    KUBE_LEASE_KEY,
+    CheckpointLease,
+    Election,
+)
 from dstream.runtime.recovery import CheckpointFollower, CheckpointRecovery, Recovery
 from dstream.runtime.timeutil import datetime_of
 
@@ -62,6 +68,16 @@ FINAL_FAILURES = (DeposedError, LogConflictError)
 # Spark writes a marked RDD's marked ancestors in the same job too, not only the RDD: a window
 # and its durable batch reductions are both marked in the batches that checkpoint the window.
 CHECKPOINT_ALL_MARKED = "spark.checkpoint.checkpointAllMarkedAncestors"
+
+
+def _kube_lease(where: str | None, duration_s: float) -> Election | None:
+    """The job's Kubernetes Lease when the conf names one; its module is imported only then,
+    as the kubernetes client takes most of a second to import."""
+    if not where:
+        return None
+    from dstream.runtime.kube_lease import kube_lease
+
+    return kube_lease(where, duration_s)
 
 
 @dataclass
@@ -253,7 +269,8 @@ class BatchScheduler:
         log entry carries and every write checks (fencing.py)."""
         conf = self._sc.getConf()
         duration_s = float(conf.get(DURATION_KEY, str(DEFAULT_DURATION_S)))
-        self.lease = CheckpointLease(checkpoint.path, duration_s, epoch_source_from_env())
+        election = _kube_lease(conf.get(KUBE_LEASE_KEY), duration_s)
+        self.lease = CheckpointLease(checkpoint.path, duration_s, epoch_source_from_env(), election)
         if standby:
             self.state = "standby"
             self._follower = CheckpointFollower(self._sc, checkpoint)

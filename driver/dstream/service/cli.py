@@ -5,8 +5,9 @@ that cannot be used (written by a different program, or damaged beyond exact rec
 starts over; or led by another live driver: `--standby` waits for it), 4 a source failed
 (unreachable, input trimmed away, login refused), 5 a batch failed after every retry of its
 failurePolicy and was left uncommitted (a restart runs it again), 6 deposed: another driver took
-the checkpoint over under a newer epoch (named in the message) and this one stopped without
-committing more, 1 anything else.
+the checkpoint over under a newer epoch (named in the message), or the Kubernetes Lease that
+elects the job's drivers went to another one, and this one stopped without committing more,
+1 anything else.
 """
 
 from __future__ import annotations
