@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 from confluent_kafka import Message
-from dstream.connectors.kafka import BATCH_TIME_HEADER, KafkaSink
+from dstream.connectors.kafka_sink import BATCH_TIME_HEADER, KafkaSink
 from dstream.spec import KafkaSink as KafkaSinkSettings
 from dstream.spec import SpecError, parse_job
 from kafka_server import read_all, wait_until_stable

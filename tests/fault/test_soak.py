@@ -67,7 +67,7 @@ import pyspark
 import pytest
 import redis
 from confluent_kafka import Producer as KafkaProducer
-from dstream.connectors.kafka import BATCH_TIME_HEADER
+from dstream.connectors.kafka_sink import BATCH_TIME_HEADER
 from dstream.runtime.timeline import PHASES
 from dstream.worker import textgen
 from fault.harness import (
