@@ -15,6 +15,23 @@ record in a topic needs only the partition leader and the transaction coordinato
 transaction needs anyway. `delivery: atLeastOnce` uses the idempotent producer without
 transactions.
 
+Fencing (runtime/fencing.py): with a checkpoint, the driver writes under an epoch, which every
+message carries in the header `dstream-epoch` and the commit record in its value. Three checks
+keep a deposed driver's output out. The epoch ledger is checked before `init_transactions`, so a
+deposed driver does not fence its successor's producer, and again right before the commit.
+Kafka fences by `transactional.id`: the successor's `init_transactions` aborts the deposed
+driver's open transaction and makes its later commits fail (PRODUCER_FENCED). And the commit
+records are read after every `init_transactions`: a newer epoch than the driver's raises
+DeposedError. So once a driver of epoch E has committed a batch, no older driver commits again:
+its producer was initialised either before E's, and E's fenced it, or after E's commit, and then
+it reads E in the commit records. What remains is the time before the successor's first
+`init_transactions` (its first batch): a deposed driver that passed its last ledger check may
+still commit then. That is safe: the batch is one the log recorded (records are created
+exclusively), so it holds the input the successor would replay; the successor's init waits for
+that transaction to end, and its read of the commit records afterwards counts the batch as
+committed. The bound is the PostgreSQL sink's: nothing of a deposed driver lands after its
+successor's first batch.
+
 The client settings it shares with the source are in kafka_client.py.
 """
 
@@ -23,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +56,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark import RDD
 
 from dstream.connectors.kafka_client import REQUEST_TIMEOUT_S, client_config
+from dstream.runtime.fencing import DeposedError, current_fence
 from dstream.runtime.timeutil import time_to_ms
 
 if TYPE_CHECKING:
@@ -47,7 +66,24 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BATCH_TIME_HEADER = "dstream-batch-time"
+EPOCH_HEADER = "dstream-epoch"
 COMMIT_READ_S = 180.0  # reading the sink's commit topic: above Kafka's transaction timeouts
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What an output's commit records say: the newest batch time committed (-1: none) and the
+    newest epoch that committed one (0: none, or drivers without a checkpoint, or commit records
+    from before epochs)."""
+
+    batch_ms: int = -1
+    epoch: int = 0
+
+    def after(self, commit: dict[str, Any]) -> Committed:
+        """This, with one more commit record read."""
+        return Committed(
+            max(self.batch_ms, commit["batchTimeMs"]), max(self.epoch, commit.get("epoch", 0))
+        )
 
 
 def key_and_value(record: Any, key_field: str | None) -> tuple[Any, Any]:
@@ -86,7 +122,7 @@ class KafkaSink:
         self.commit_key = f"{job}/{settings.topic}/{output}".encode()
         self._config = client_config(settings)
         self._producer: Producer | None = None
-        self._committed_ms: int | None = None  # the last committed batch's time, once read
+        self._committed: Committed | None = None  # read once per producer, after its init
 
     def __call__(self, time: datetime, rdd: RDD) -> None:
         batch_ms = time_to_ms(time)
@@ -96,9 +132,14 @@ class KafkaSink:
                 self.write_idempotent(batch_ms, records)
             else:
                 self.write_transaction(batch_ms, records)
-        except (KafkaException, BufferError) as error:
+        except DeposedError:
+            raise
+        except Exception as error:  # not only KafkaException: a fenced producer's flush was
+            # seen to raise a SystemError caused by it (confluent-kafka 2.x, from inside a
+            # delivery callback)
             self.close()  # the next attempt starts over: init_transactions settles this one
-            raise RuntimeError(f"kafka sink {self.settings.topic}: {error}") from None
+            reason = error.__cause__ or error
+            raise RuntimeError(f"kafka sink {self.settings.topic}: {reason}") from None
 
     def producer(self, transactional: bool) -> Producer:
         if self._producer is None:
@@ -111,41 +152,63 @@ class KafkaSink:
         return self._producer
 
     def close(self) -> None:
-        if self._producer is not None:
-            self._producer.flush(1)
-        self._producer = None
-        self._committed_ms = None
+        """Drop the producer (and what it read), so the next batch starts with a new one."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.flush(1)
+            except KafkaException as error:  # a fenced producer refuses even this
+                log.info("closing the kafka producer: %s", error)
+        self._committed = None
 
     def write_transaction(self, batch_ms: int, records: list[Any]) -> None:
         """Records and the batch's commit record in one transaction; nothing if the batch's
-        commit record is there already."""
+        commit record is there already; DeposedError if a newer driver leads (module doc)."""
+        fence = current_fence()
+        epoch = fence.epoch if fence is not None else 0
+        if fence is not None:
+            fence.check()  # before init_transactions: never fence the successor's producer
         producer = self.producer(transactional=True)  # fences a killed driver's producer first
-        if batch_ms <= self.committed_ms():
+        committed = self.committed()
+        if fence is not None and committed.epoch > epoch:
+            where = (
+                f"the commit records of {self.commit_key.decode()} in {self.settings.commit_topic}"
+            )
+            raise DeposedError(epoch, committed.epoch, where)
+        if batch_ms <= committed.batch_ms:
             log.info("batch %s already committed to %s", batch_ms, self.settings.topic)
             return
         producer.begin_transaction()
         try:
-            self.produce_all(producer, batch_ms, records)
-            commit = {"batchTimeMs": batch_ms, "records": len(records)}
+            self.produce_all(producer, batch_ms, records, epoch)
+            commit = {"batchTimeMs": batch_ms, "records": len(records), "epoch": epoch}
             producer.produce(
                 self.settings.commit_topic,
                 key=self.commit_key,
                 value=json.dumps(commit).encode(),
                 partition=0,
             )
+            if fence is not None:
+                fence.check()  # the ledger's last word before the commit
             producer.commit_transaction(REQUEST_TIMEOUT_S * 3)
-        except (KafkaException, BufferError):
+        except Exception:
             self.abort(producer)
             raise
-        self._committed_ms = batch_ms
+        self._committed = Committed(batch_ms, max(epoch, committed.epoch))
 
     def write_idempotent(self, batch_ms: int, records: list[Any]) -> None:
+        fence = current_fence()
         producer = self.producer(transactional=False)
-        self.produce_all(producer, batch_ms, records)
+        self.produce_all(producer, batch_ms, records, fence.epoch if fence is not None else 0)
 
-    def produce_all(self, producer: Producer, batch_ms: int, records: list[Any]) -> None:
+    def produce_all(
+        self, producer: Producer, batch_ms: int, records: list[Any], epoch: int
+    ) -> None:
         """Send the records and wait for every acknowledgement; KafkaException if one failed."""
-        header = [(BATCH_TIME_HEADER, datetime.fromtimestamp(batch_ms / 1000, UTC).isoformat())]
+        header = [
+            (BATCH_TIME_HEADER, datetime.fromtimestamp(batch_ms / 1000, UTC).isoformat()),
+            (EPOCH_HEADER, str(epoch)),
+        ]
         failed: list[KafkaError] = []
 
         def delivered(error: KafkaError | None, _message: Any) -> None:
@@ -172,15 +235,13 @@ class KafkaSink:
             first = failed[0] if failed else KafkaError(KafkaError._TIMED_OUT, f"{left} unsent")
             raise KafkaException(first)
 
-    def committed_ms(self) -> int:
-        """The time of the last batch this output committed (-1: none), read once per producer
-        from the commit topic (created when missing)."""
-        if self._committed_ms is None:
+    def committed(self) -> Committed:
+        """What this output committed so far, read once per producer, after its
+        init_transactions, from the commit topic (created when missing)."""
+        if self._committed is None:
             self.create_commit_topic()
-            self._committed_ms = last_commit(
-                self._config, self.settings.commit_topic, self.commit_key
-            )
-        return self._committed_ms
+            self._committed = last_commit(self._config, self.settings.commit_topic, self.commit_key)
+        return self._committed
 
     def create_commit_topic(self) -> None:
         admin = AdminClient(self._config)
@@ -201,8 +262,8 @@ class KafkaSink:
             log.warning("aborting the kafka transaction failed (%s); the next one fences it", error)
 
 
-def last_commit(config: dict[str, Any], topic: str, key: bytes) -> int:
-    """The newest batch time committed under `key` in the commit topic, read as read_committed
+def last_commit(config: dict[str, Any], topic: str, key: bytes) -> Committed:
+    """The newest batch time and epoch committed under `key` in the commit topic, read as read_committed
     up to the end the topic had when asked: the writer's own zombie transaction is aborted by
     then (init_transactions), and another writer's open one ends within its transaction timeout,
     so the wait for it is bounded."""
@@ -219,7 +280,7 @@ def last_commit(config: dict[str, Any], topic: str, key: bytes) -> int:
         partition = TopicPartition(topic, 0, OFFSET_BEGINNING)
         _low, end = consumer.get_watermark_offsets(partition, timeout=REQUEST_TIMEOUT_S)
         consumer.assign([partition])
-        newest, deadline = -1, time.monotonic() + COMMIT_READ_S
+        newest, deadline = Committed(), time.monotonic() + COMMIT_READ_S
         while end > 0:
             message = consumer.poll(1.0)
             if time.monotonic() > deadline:
@@ -234,7 +295,7 @@ def last_commit(config: dict[str, Any], topic: str, key: bytes) -> int:
                     raise KafkaException(error)
                 continue
             if message.key() == key:
-                newest = max(newest, json.loads(message.value())["batchTimeMs"])
+                newest = newest.after(json.loads(message.value()))
             if message.offset() + 1 >= end:
                 break
         return newest
