@@ -35,8 +35,8 @@ must equal those of its input (harness.judge). One line per feed:
 (the phases of the restarted drivers' recovery timelines, runtime/timeline.py, in seconds after
 each kill).
 
-`make test` runs the redis feed with 3 + 3 kills; `make soak` runs all three feeds with 20 + 20 and a
-20 s outage (SOAK_DRIVER_KILLS, SOAK_EXECUTOR_KILLS, SOAK_OUTAGE_S, SOAK_FEEDS; SOAK_DURATION_S
+`make test` runs the redis feed with 3 + 3 kills and the kafka feed with 2 + 2 (CI_SIZES);
+`make soak` runs all three feeds with 20 + 20 and a 20 s outage (SOAK_DRIVER_KILLS, SOAK_EXECUTOR_KILLS, SOAK_OUTAGE_S, SOAK_FEEDS; SOAK_DURATION_S
 stretches the runs over at least that many seconds; DSTREAM_FAULT_SEED replays a schedule).
 Recovery is the time from a driver kill to the first batch the next run commits: it includes
 starting the JVM and both executors.
