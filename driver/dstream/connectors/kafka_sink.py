@@ -56,7 +56,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark import RDD
 
 from dstream.connectors.kafka_client import REQUEST_TIMEOUT_S, client_config
-from dstream.runtime.fencing import DeposedError, current_fence
+from dstream.runtime.fencing import DeposedError, Fence, current_fence
 from dstream.runtime.timeutil import time_to_ms
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ class KafkaSink:
         """Records and the batch's commit record in one transaction; nothing if the batch's
         commit record is there already; DeposedError if a newer driver leads (module doc)."""
         fence = current_fence()
-        epoch = fence.epoch if fence is not None else 0
+        epoch = epoch_of(fence)
         if fence is not None:
             fence.check()  # before init_transactions: never fence the successor's producer
         producer = self.producer(transactional=True)  # fences a killed driver's producer first
@@ -197,9 +197,8 @@ class KafkaSink:
         self._committed = Committed(batch_ms, max(epoch, committed.epoch))
 
     def write_idempotent(self, batch_ms: int, records: list[Any]) -> None:
-        fence = current_fence()
         producer = self.producer(transactional=False)
-        self.produce_all(producer, batch_ms, records, fence.epoch if fence is not None else 0)
+        self.produce_all(producer, batch_ms, records, epoch_of(current_fence()))
 
     def produce_all(
         self, producer: Producer, batch_ms: int, records: list[Any], epoch: int
@@ -260,6 +259,11 @@ class KafkaSink:
             producer.abort_transaction(REQUEST_TIMEOUT_S)
         except KafkaException as error:
             log.warning("aborting the kafka transaction failed (%s); the next one fences it", error)
+
+
+def epoch_of(fence: Fence | None) -> int:
+    """The epoch a driver writes under: 0 without a checkpoint (nothing to fence)."""
+    return fence.epoch if fence is not None else 0
 
 
 def last_commit(config: dict[str, Any], topic: str, key: bytes) -> Committed:
