@@ -1,5 +1,5 @@
-"""One real Redis, NATS and Kafka server per test module (Debian's packages and Maven Central's
-Kafka jars, loopback ports)."""
+"""Real servers on loopback ports: one Redis and one NATS server per test module (Debian's
+packages), one Kafka broker per test process (Maven Central's jars)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ def nats_server(tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="module")
+# One broker per test process, not per module: it takes seconds to start, and the Kafka tests'
+# topics, commit keys and groups are their own (a test that restarts it leaves it running).
+@pytest.fixture(scope="session")
 def kafka_server(tmp_path_factory):
     server = KafkaServer(tmp_path_factory.mktemp("kafka"))
     server.format()

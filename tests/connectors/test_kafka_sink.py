@@ -8,8 +8,9 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
-from confluent_kafka import Message
-from dstream.connectors.kafka import BATCH_TIME_HEADER, KafkaSink
+from confluent_kafka import KafkaException, Message
+from dstream.connectors.kafka_sink import BATCH_TIME_HEADER, EPOCH_HEADER, KafkaSink
+from dstream.runtime.fencing import DeposedError, EpochLedger, Fence, set_current_fence
 from dstream.spec import KafkaSink as KafkaSinkSettings
 from dstream.spec import SpecError, parse_job
 from kafka_server import read_all, wait_until_stable
@@ -84,6 +85,69 @@ def test_a_killed_writers_open_transaction_is_aborted_by_its_successor(kafka_ser
     assert values(kafka_server, topic, "read_uncommitted") == ["half of a batch", "whole batch"]
     with pytest.raises(Exception, match="(?i)fenced"):
         zombie.commit_transaction(30)
+
+
+def test_a_deposed_drivers_late_batch_lands_nothing(kafka_server, sc, tmp_path):
+    """Drivers of epochs 1 and 2 on one output, with no claim in the ledger: what refuses
+    epoch 1 here is Kafka alone. Epoch 1 is frozen with a batch open when epoch 2 writes its
+    first; thawed, its commit is fenced, and its retry (a new producer) finds epoch 2's commit
+    record and stops; epoch 2's batches land."""
+    topic = new_topic(kafka_server)
+    ledger = EpochLedger(tmp_path)
+    old, new = sink(kafka_server, topic), sink(kafka_server, topic)
+    try:
+        set_current_fence(Fence(ledger, 1))
+        old(datetime.fromtimestamp(1000), sc.parallelize(["old 1000"]))
+        frozen = old.producer(transactional=True)  # epoch 1 has begun batch 1001, and freezes
+        frozen.begin_transaction()
+        old.produce_all(frozen, 1_001_000, ["old 1001"], epoch=1)
+        set_current_fence(Fence(ledger, 2))
+        new(datetime.fromtimestamp(1001), sc.parallelize(["new 1001"]))
+        with pytest.raises(KafkaException, match="(?i)fenced"):
+            frozen.commit_transaction(30)  # thawed
+        old.close()  # as its failed batch does before the retry
+        set_current_fence(Fence(ledger, 1))
+        with pytest.raises(DeposedError, match=r"epoch 2 was claimed by the commit records"):
+            old(datetime.fromtimestamp(1001), sc.parallelize(["old 1001"]))
+        set_current_fence(Fence(ledger, 2))
+        with pytest.raises(RuntimeError, match="(?i)fenced"):  # the retry's init fenced it once
+            new(datetime.fromtimestamp(1002), sc.parallelize(["new 1002"]))
+        new(datetime.fromtimestamp(1002), sc.parallelize(["new 1002"]))  # its own retry
+    finally:
+        set_current_fence(None)
+    messages = committed(kafka_server, topic)
+    assert [json.loads(m.value()) for m in messages] == ["old 1000", "new 1001", "new 1002"]
+    assert [dict(m.headers())[EPOCH_HEADER] for m in messages] == [b"1", b"2", b"2"]
+    assert "old 1001" in values(kafka_server, topic, "read_uncommitted")  # aborted, never seen
+    commits = read_all(kafka_server.bootstrap, "dstream-commits")
+    mine = [json.loads(m.value()) for m in commits if m.key() == new.commit_key]
+    assert [(c["batchTimeMs"], c["epoch"]) for c in mine] == [
+        (1_000_000, 1),
+        (1_001_000, 2),
+        (1_002_000, 2),
+    ]
+
+
+def test_a_driver_the_ledger_deposed_stops_before_touching_the_successors_producer(
+    kafka_server, sc, tmp_path
+):
+    """With epoch 2 claimed in the checkpoint, epoch 1 stops at its ledger check, before its
+    init_transactions could fence epoch 2's producer: epoch 2 goes on undisturbed."""
+    topic = new_topic(kafka_server)
+    ledger = EpochLedger(tmp_path)
+    assert ledger.claim(1) and ledger.claim(2)
+    old, new = sink(kafka_server, topic), sink(kafka_server, topic)
+    try:
+        set_current_fence(Fence(ledger, 2))
+        new(datetime.fromtimestamp(1000), sc.parallelize(["new 1000"]))
+        set_current_fence(Fence(ledger, 1))
+        with pytest.raises(DeposedError, match=r"epoch 2 was claimed .* held epoch 1"):
+            old(datetime.fromtimestamp(1001), sc.parallelize(["old 1001"]))
+        set_current_fence(Fence(ledger, 2))
+        new(datetime.fromtimestamp(1001), sc.parallelize(["new 1001"]))
+    finally:
+        set_current_fence(None)
+    assert values(kafka_server, topic, "read_uncommitted") == ["new 1000", "new 1001"]
 
 
 def test_outputs_and_jobs_keep_their_commits_apart(kafka_server, sc):

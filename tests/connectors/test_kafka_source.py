@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from dstream import StreamingContext
-from dstream.connectors.kafka import KafkaInputDStream
+from dstream.connectors.kafka_source import KafkaInputDStream
 from dstream.runtime.clock import ManualClock
 from dstream.service.metrics import StreamingMetrics
 from dstream.sources import SourceError

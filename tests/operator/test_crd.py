@@ -112,7 +112,7 @@ def test_every_example_is_accepted_by_crd_and_model(source, job):
 
 
 def test_there_are_examples():
-    assert {name for name, _ in example_jobs()} >= {"wordcount.yaml"}
+    assert {name for name, _ in example_jobs()} >= {"wordcount.yaml", "kafka-wordcount.yaml"}
 
 
 BAD_SPECS = [

@@ -31,7 +31,7 @@ SOURCES: dict[str, str] = {
     "files": "dstream.connectors.files:files_source",
     "redis": "dstream.connectors.redis:redis_source",
     "nats": "dstream.connectors.nats:nats_source",
-    "kafka": "dstream.connectors.kafka:kafka_source",
+    "kafka": "dstream.connectors.kafka_source:kafka_source",
 }
 
 # A sink factory takes the job and the index of the app's output stream it writes: a job may
@@ -40,7 +40,7 @@ SINKS: dict[str, str] = {
     "files": "dstream.connectors.files:files_sink",
     "console": "dstream.connectors.console:console_sink",
     "postgres": "dstream.connectors.postgres:postgres_sink",
-    "kafka": "dstream.connectors.kafka:kafka_sink",
+    "kafka": "dstream.connectors.kafka_sink:kafka_sink",
 }
 
 

@@ -1,4 +1,4 @@
-"""`source.type: kafka` and `sink.type: kafka`: Apache Kafka in and out, exactly once.
+"""`source.type: kafka`: Apache Kafka in, each batch an exact, replayable set of offset ranges.
 
 The source is direct, in the D-Stream sense: each batch's input is a set of offset ranges
 `[from, until)` per topic-partition, planned on the driver when the batch starts and written to
@@ -17,127 +17,56 @@ failOnDataLoss=true), or is counted, logged and recorded in the batch log (`skip
 committed batch the offsets it reached are committed to the consumer group `groupId`, so lag
 tools see the job; recovery never reads them back (the batch log is the truth).
 
-Client: confluent-kafka (librdkafka), chosen because its wheel carries librdkafka (no JVM in the
-Python workers, no system library), and it has transactions, assign/seek and ListOffsets with an
-isolation level. Its defaults differ from the Java client's, so the settings that carry the
-guarantees are always set here: `isolation.level` (librdkafka's default is read_committed, the
-Java client's read_uncommitted), `enable.auto.commit=false` and `auto.offset.reset=error` for
-the source, `enable.idempotence=true` for every producer (off by default in librdkafka).
-
-The sink writes each batch of an output stream in ONE Kafka transaction, from the driver, as the
-PostgreSQL sink does (and for the same reason: one transaction per batch needs one producer). Its
-`transactional.id` is derived from job, topic and output, so a restarted driver's producer fences
-the killed one's and aborts its open transaction (`init_transactions`). Idempotence per batch:
-the same transaction writes a commit record (key job/topic/output, value the batch time) into the
-compacted `commitTopic`; a batch whose time is at or before the newest committed record under its
-key was committed already, and writes nothing. Records and commit record commit or abort
-together, so a read_committed consumer sees every batch exactly once. Why a commit topic rather
-than `send_offsets_to_transaction` to a dedicated consumer group: after a broker restart,
-librdkafka 2.16's send_offsets_to_transaction was seen to block past its own timeout while the
-group coordinator came back (tests/connectors/test_kafka_sink.py restarts the broker), where a
-record in a topic needs only the partition leader and the transaction coordinator that every
-transaction needs anyway. `delivery: atLeastOnce` uses the idempotent producer without
-transactions.
+The client settings and errors it shares with the sink are in kafka_client.py.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     Consumer,
     IsolationLevel,
     KafkaError,
     KafkaException,
-    Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark import RDD, Accumulator
 
+from dstream.connectors.kafka_client import (
+    REQUEST_TIMEOUT_S,
+    LoginWatch,
+    broker_error,
+    client_config,
+)
 from dstream.runtime.checkpoint import write_atomically
-from dstream.runtime.timeutil import time_to_ms
 from dstream.sources import InputDStream, SourceError, split_budget
-from dstream.spec import KafkaConnection, password_env, starting_offsets
+from dstream.spec import starting_offsets
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext
-    from dstream.spec import KafkaSink as KafkaSinkSettings
     from dstream.spec import KafkaSource as KafkaSourceSettings
-    from dstream.spec import Source, StreamingJob
+    from dstream.spec import Source
 
 log = logging.getLogger(__name__)
-# librdkafka's own log lines go through Python logging, critical ones only: it logs every refused
-# connection while a broker restarts, and the errors that matter reach the job as its own.
-CLIENT_LOG = logging.getLogger("dstream.connectors.kafka.librdkafka")
 
 READ_CHUNK = 5_000  # messages per consume() call in a task: bounds its memory, not its range
 QUEUED_KBYTES = 16_384  # librdkafka's prefetch queue per task (its default is 64 MB)
-REQUEST_TIMEOUT_S = 10.0
 EARLIEST, LATEST = -2, -1  # Structured Streaming's codes in per-partition startingOffsets
-BATCH_TIME_HEADER = "dstream-batch-time"
-COMMIT_READ_S = 180.0  # reading the sink's commit topic: above Kafka's transaction timeouts
 
 Partition = tuple[str, int]
 
 
-def client_config(settings: KafkaConnection) -> dict[str, Any]:
-    """librdkafka settings for connecting and logging in; the password (passwordSecret) comes
-    from the environment, on the driver as in tasks, and never travels in a task closure."""
-    config: dict[str, Any] = {
-        **settings.client_properties,
-        "logger": CLIENT_LOG,
-        "log_level": 2,
-        "bootstrap.servers": settings.bootstrap_servers,
-        "security.protocol": settings.security_protocol,
-    }
-    if settings.sasl_mechanism is not None:
-        config["sasl.mechanism"] = settings.sasl_mechanism
-        config["sasl.username"] = settings.username
-    password = os.environ.get(password_env("kafka"))
-    if settings.password_secret is not None and password is None:
-        raise SourceError(
-            f"kafka: passwordSecret is set but {password_env('kafka')} is not in the "
-            "environment (the operator sets it on Kubernetes; export it for dstream run)"
-        )
-    if password is not None and settings.sasl_mechanism is not None:
-        config["sasl.password"] = password
-    return config
-
-
 def partition_name(partition: Partition) -> str:
     return f"{partition[0]}-{partition[1]}"
-
-
-class LoginWatch:
-    """librdkafka reports a refused login through its error callback, not through the request
-    that then times out; this keeps the last such error so the timeout can name the cause."""
-
-    def __init__(self) -> None:
-        self.refused: str | None = None
-
-    def __call__(self, error: KafkaError) -> None:
-        if error.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
-            self.refused = error.str()
-
-
-def broker_error(servers: str, error: Exception, watch: LoginWatch) -> SourceError:
-    """A failed request as the SourceError a user can act on."""
-    if watch.refused is not None:
-        return SourceError(
-            f"kafka {servers} refused the login ({watch.refused}); the password comes from "
-            f"{password_env('kafka')} (passwordSecret), the user from username"
-        )
-    return SourceError(f"kafka {servers} unreachable or not answering: {error}")
 
 
 class KafkaInputDStream(InputDStream):
@@ -584,203 +513,3 @@ def decode(value: bytes | None, format: str) -> tuple[Any, str | None]:
 def kafka_source(ssc: StreamingContext, source: Source) -> InputDStream:
     assert source.kafka is not None
     return KafkaInputDStream(ssc, source.kafka)
-
-
-# -- the sink --------------------------------------------------------------------------------
-
-
-def key_and_value(record: Any, key_field: str | None) -> tuple[Any, Any]:
-    """A pair (k, v) is key k and value v; a dict with `key_field` is keyed by that field and
-    written whole; anything else has no key."""
-    if isinstance(record, tuple) and len(record) == 2:
-        return record
-    if key_field is not None and isinstance(record, dict):
-        return record.get(key_field), record
-    return None, record
-
-
-def encode(value: Any, format: str) -> bytes | None:
-    """A value as `format` says: JSON (what is not JSON becomes its string), or text."""
-    if value is None or isinstance(value, bytes):
-        return value
-    if format == "text":
-        return str(value).encode()
-    return json.dumps(value, default=str).encode()
-
-
-def encode_key(key: Any) -> bytes | None:
-    if key is None or isinstance(key, bytes):
-        return key
-    return (key if isinstance(key, str) else json.dumps(key, default=str)).encode()
-
-
-class KafkaSink:
-    """A `foreachRDD` function writing each batch of one output stream to a topic."""
-
-    def __init__(self, job: str, settings: KafkaSinkSettings, output: int = 0):
-        self.job = job
-        self.settings = settings
-        self.output = output
-        self.transactional_id = f"dstream-{job}-{settings.topic}-{output}"
-        self.commit_key = f"{job}/{settings.topic}/{output}".encode()
-        self._config = client_config(settings)
-        self._producer: Producer | None = None
-        self._committed_ms: int | None = None  # the last committed batch's time, once read
-
-    def __call__(self, time: datetime, rdd: RDD) -> None:
-        batch_ms = time_to_ms(time)
-        records = rdd.collect()
-        try:
-            if self.settings.delivery == "atLeastOnce":
-                self.write_idempotent(batch_ms, records)
-            else:
-                self.write_transaction(batch_ms, records)
-        except (KafkaException, BufferError) as error:
-            self.close()  # the next attempt starts over: init_transactions settles this one
-            raise RuntimeError(f"kafka sink {self.settings.topic}: {error}") from None
-
-    def producer(self, transactional: bool) -> Producer:
-        if self._producer is None:
-            config = {**self._config, "enable.idempotence": True, "acks": "all"}
-            if transactional:
-                config["transactional.id"] = self.transactional_id
-            self._producer = Producer(config)
-            if transactional:
-                self._producer.init_transactions(REQUEST_TIMEOUT_S * 3)
-        return self._producer
-
-    def close(self) -> None:
-        if self._producer is not None:
-            self._producer.flush(1)
-        self._producer = None
-        self._committed_ms = None
-
-    def write_transaction(self, batch_ms: int, records: list[Any]) -> None:
-        """Records and the batch's commit record in one transaction; nothing if the batch's
-        commit record is there already."""
-        producer = self.producer(transactional=True)  # fences a killed driver's producer first
-        if batch_ms <= self.committed_ms():
-            log.info("batch %s already committed to %s", batch_ms, self.settings.topic)
-            return
-        producer.begin_transaction()
-        try:
-            self.produce_all(producer, batch_ms, records)
-            commit = {"batchTimeMs": batch_ms, "records": len(records)}
-            producer.produce(
-                self.settings.commit_topic,
-                key=self.commit_key,
-                value=json.dumps(commit).encode(),
-                partition=0,
-            )
-            producer.commit_transaction(REQUEST_TIMEOUT_S * 3)
-        except (KafkaException, BufferError):
-            self.abort(producer)
-            raise
-        self._committed_ms = batch_ms
-
-    def write_idempotent(self, batch_ms: int, records: list[Any]) -> None:
-        producer = self.producer(transactional=False)
-        self.produce_all(producer, batch_ms, records)
-
-    def produce_all(self, producer: Producer, batch_ms: int, records: list[Any]) -> None:
-        """Send the records and wait for every acknowledgement; KafkaException if one failed."""
-        header = [(BATCH_TIME_HEADER, datetime.fromtimestamp(batch_ms / 1000, UTC).isoformat())]
-        failed: list[KafkaError] = []
-
-        def delivered(error: KafkaError | None, _message: Any) -> None:
-            if error is not None:
-                failed.append(error)
-
-        for record in records:
-            key, value = key_and_value(record, self.settings.key_field)
-            message = {
-                "key": encode_key(key),
-                "value": encode(value, self.settings.format),
-                "headers": header,
-                "on_delivery": delivered,
-            }
-            while True:
-                try:
-                    producer.produce(self.settings.topic, **message)
-                    break
-                except BufferError:  # the local queue is full: let deliveries drain it
-                    producer.poll(0.1)
-            producer.poll(0)
-        left = producer.flush(REQUEST_TIMEOUT_S * 3)
-        if left or failed:
-            first = failed[0] if failed else KafkaError(KafkaError._TIMED_OUT, f"{left} unsent")
-            raise KafkaException(first)
-
-    def committed_ms(self) -> int:
-        """The time of the last batch this output committed (-1: none), read once per producer
-        from the commit topic (created when missing)."""
-        if self._committed_ms is None:
-            self.create_commit_topic()
-            self._committed_ms = last_commit(
-                self._config, self.settings.commit_topic, self.commit_key
-            )
-        return self._committed_ms
-
-    def create_commit_topic(self) -> None:
-        admin = AdminClient(self._config)
-        topic = NewTopic(
-            self.settings.commit_topic, num_partitions=1, config={"cleanup.policy": "compact"}
-        )
-        try:
-            admin.create_topics([topic])[self.settings.commit_topic].result(REQUEST_TIMEOUT_S * 3)
-        except KafkaException as error:
-            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
-
-    @staticmethod
-    def abort(producer: Producer) -> None:
-        try:
-            producer.abort_transaction(REQUEST_TIMEOUT_S)
-        except KafkaException as error:
-            log.warning("aborting the kafka transaction failed (%s); the next one fences it", error)
-
-
-def last_commit(config: dict[str, Any], topic: str, key: bytes) -> int:
-    """The newest batch time committed under `key` in the commit topic, read as read_committed
-    up to the end the topic had when asked: the writer's own zombie transaction is aborted by
-    then (init_transactions), and another writer's open one ends within its transaction timeout,
-    so the wait for it is bounded."""
-    consumer = Consumer(
-        {
-            **config,
-            "group.id": "dstream-commit-reader",  # never joined nor committed: assign only
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-        }
-    )
-    try:
-        partition = TopicPartition(topic, 0, OFFSET_BEGINNING)
-        _low, end = consumer.get_watermark_offsets(partition, timeout=REQUEST_TIMEOUT_S)
-        consumer.assign([partition])
-        newest, deadline = -1, time.monotonic() + COMMIT_READ_S
-        while end > 0:
-            message = consumer.poll(1.0)
-            if time.monotonic() > deadline:
-                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"reading {topic}"))
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF and message.offset() >= end:
-                    break
-                if error.code() != KafkaError._PARTITION_EOF:
-                    raise KafkaException(error)
-                continue
-            if message.key() == key:
-                newest = max(newest, json.loads(message.value())["batchTimeMs"])
-            if message.offset() + 1 >= end:
-                break
-        return newest
-    finally:
-        consumer.close()
-
-
-def kafka_sink(job: StreamingJob, output: int) -> KafkaSink:
-    assert job.spec.sink.kafka is not None
-    return KafkaSink(job.metadata.name, job.spec.sink.kafka, output)
