@@ -24,10 +24,10 @@ from dstream.runtime.checkpoint import (
     METADATA_VERSION,
     CheckpointDir,
     CheckpointMismatchError,
-    move_checkpoint_aside,
 )
 from dstream.runtime.clock import ManualClock, SystemClock
 from dstream.runtime.failure import FailurePolicy
+from dstream.runtime.fencing import move_aside_keeping_epoch
 from dstream.runtime.graph import DStreamGraph
 from dstream.runtime.scheduler import BatchScheduler
 from dstream.runtime.shipping import ship_to_workers
@@ -97,7 +97,7 @@ class StreamingContext:
         changed while its streams stayed the same (checked at start against the checkpoint).
         `fresh=True` moves an existing checkpoint aside first and starts from nothing."""
         if fresh:
-            move_checkpoint_aside(checkpointPath)
+            move_aside_keeping_epoch(checkpointPath)
         metadata = CheckpointDir(checkpointPath).read_metadata()
         if metadata is not None and not rebuild:
             if "pickledGraph" in metadata:

@@ -16,6 +16,7 @@ from dstream.runtime.fencing import (
     NextEpoch,
     claim_epoch,
     epoch_source_from_env,
+    move_aside_keeping_epoch,
 )
 from dstream.runtime.lease import CheckpointInUseError, CheckpointLease, LeadLostError
 from fault.harness import wait_until
@@ -29,6 +30,22 @@ def test_epochs_rise_and_each_is_claimed_once(tmp_path):
     with pytest.raises(DeposedError, match="epoch 3 was claimed"):
         claim_epoch(ledger, GivenEpoch(2))  # an election older than the newest claim
     assert claim_epoch(ledger, GivenEpoch(7)).epoch == 7
+
+
+def test_starting_fresh_moves_the_checkpoint_aside_but_epochs_go_on(tmp_path):
+    """A sink remembers the epochs that wrote to it, so a fresh start must not count from 1."""
+    checkpoint = tmp_path / "checkpoint"
+    ledger = EpochLedger(checkpoint)
+    for _ in range(3):
+        claim_epoch(ledger, NextEpoch())
+    (checkpoint / "metadata").write_text("{}")
+    moved = move_aside_keeping_epoch(checkpoint)
+    assert moved is not None and (moved / "metadata").exists()
+    assert sorted(p.name for p in checkpoint.iterdir()) == ["epochs"]
+    assert EpochLedger(checkpoint).claims() == [3]
+    assert EpochLedger(checkpoint).holder(3) == EpochLedger(moved).holder(3)
+    assert claim_epoch(EpochLedger(checkpoint), NextEpoch()).epoch == 4
+    assert move_aside_keeping_epoch(tmp_path / "none") is None
 
 
 def test_an_elected_epoch_comes_from_the_environment(monkeypatch, tmp_path):

@@ -16,11 +16,13 @@ compare-and-set, so two drivers claiming at once cannot get the same epoch. The 
 also the leader's lease: the leader touches it while it lives (lease.py), so its modification
 time says when the leader last showed it was alive.
 
-Where an epoch comes from is pluggable (EpochSource): locally, the next number after the newest
-claim (`NextEpoch`); on Kubernetes, the number the driver is given by what won its Lease
-(`GivenEpoch`, from `DSTREAM_EPOCH`: the Lease's `leaseTransitions`). Either way the claim is
-recorded in the checkpoint, which is where writes are checked. A checkpoint written before
-epochs existed has none: its records count as epoch 0.
+Where an epoch comes from is pluggable (EpochSource): the next number after the newest claim
+(`NextEpoch`), whether the lead was taken by the local lock or a Kubernetes Lease; or the number
+an election held outside the driver hands in (`GivenEpoch`, from `DSTREAM_EPOCH`). Either way
+the claim is recorded in the checkpoint, which is where writes are checked. A checkpoint
+written before epochs existed has none: its records count as epoch 0. Starting fresh moves
+the checkpoint aside but not its epochs (`move_aside_keeping_epoch`): the transactional sinks
+remember the epochs that wrote to them.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from dstream.runtime.checkpoint import create_exclusively
+from dstream.runtime.checkpoint import create_exclusively, move_checkpoint_aside
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +180,24 @@ class Fence:
         newest = self.ledger.newest()
         if newest > self.epoch:
             raise DeposedError(self.epoch, newest, self.ledger.holder(newest))
+
+
+def move_aside_keeping_epoch(path: str | Path) -> Path | None:
+    """Start fresh (move the checkpoint aside) with the epochs going on from the old newest
+    claim, which is carried into the new directory: a sink that checks epochs in its own
+    transactions (PostgreSQL's `dstream_epochs`, Kafka's commit records) remembers the drivers
+    before, and would refuse a new one counting from 1 as deposed."""
+    newest = EpochLedger(path).newest()
+    moved = move_checkpoint_aside(path)
+    if moved is None or newest == 0:
+        return moved
+    old, new = EpochLedger(moved), EpochLedger(path)
+    new.directory.mkdir(parents=True, exist_ok=True)
+    create_exclusively(new.path(newest), old.holder(newest).encode())
+    renewed = old.renewed_at(newest)
+    if renewed is not None:  # the carried claim's lease is as old as it was
+        os.utime(new.path(newest), (renewed, renewed))
+    return moved
 
 
 def claim_epoch(ledger: EpochLedger, source: EpochSource) -> Fence:

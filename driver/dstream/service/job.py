@@ -17,9 +17,8 @@ from pyspark import SparkConf, SparkContext
 from dstream.connectors import create_sink, create_source
 from dstream.context import StreamingContext
 from dstream.runtime import pools, timeline
-from dstream.runtime.checkpoint import move_checkpoint_aside
 from dstream.runtime.failure import BatchFailedError
-from dstream.runtime.fencing import DeposedError
+from dstream.runtime.fencing import DeposedError, move_aside_keeping_epoch
 from dstream.runtime.scheduler import BatchInfo, BatchScheduler
 from dstream.runtime.task_errors import raised_in_task
 from dstream.service.apps import build_app
@@ -147,7 +146,7 @@ class JobRuntime:
         self.sc.setLogLevel(os.environ.get("DSTREAM_SPARK_LOG_LEVEL", "WARN"))
         ignore_sigterm_in_jvm(self.sc)
         if fresh and job.spec.checkpoint is not None:
-            move_checkpoint_aside(job.spec.checkpoint.path)
+            move_aside_keeping_epoch(job.spec.checkpoint.path)
         self.ssc = build_context(job, self.sc)
         self.metrics = StreamingMetrics(job.metadata.name, self.ssc)
         self.ssc.addStreamingListener(self.metrics)
