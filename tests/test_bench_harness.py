@@ -599,6 +599,19 @@ def test_half_second_batches_hold_half_an_interval_and_pass_the_checker(sc, syst
         assert waited <= batch.latency_p50_ms <= batch.latency_p99_ms <= waited + 500
 
 
+def test_a_trial_passes_only_under_the_papers_latency_target():
+    """p99 end-to-end latency under two intervals: 2 s with 1 s batches, 1 s with 500 ms."""
+    keeps_up = ([500.0] * 30, [0.0] * 30, 30, True, "ok")
+    assert judge(*keeps_up, latency_p99_ms=[1500.0] * 29 + [1990.0]).kind == OK
+    late = judge(*keeps_up, latency_p99_ms=[1500.0] * 29 + [2100.0])
+    assert late.kind == SLOW and "2100 ms >= target 2000 ms" in late.reason
+    assert late.latency_p99_ms == 2100.0
+    unmeasured = judge(*keeps_up, latency_p99_ms=[1500.0] * 29 + [None])
+    assert unmeasured.kind == SLOW and "29/30" in unmeasured.reason
+    half = judge([450.0] * 30, [0.0] * 30, 30, True, "ok", 500, [1100.0] * 30)
+    assert half.kind == SLOW and "target 1000 ms" in half.reason
+
+
 def test_half_second_batches_are_judged_and_searched_against_their_interval():
     fits = judge([450.0] * 30, [0.0] * 30, 30, True, "ok", interval_ms=500)
     assert fits.kind == OK

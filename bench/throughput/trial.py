@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 INTERVAL_MS = 1000
 GROWTH_LIMIT_MS = 250  # how much the scheduling delay may rise across the measured batches
+# The D-Stream paper's targets: p99 end-to-end latency under 1 s with 500 ms batches, 2 s with 1 s.
+LATENCY_TARGET_INTERVALS = 2
 
 # Verdict kinds; only "ok" passes.
 OK, SLOW, WRONG, BUSY = "ok", "too slow", "wrong output", "machine busy"
@@ -21,6 +23,7 @@ class Verdict:
     processing_p90_ms: float
     delay_growth_ms: float
     batches: int
+    latency_p99_ms: float | None = None
 
     @property
     def sustainable(self) -> bool:
@@ -43,11 +46,14 @@ def judge(
     output_ok: bool,
     output_reason: str,
     interval_ms: int = INTERVAL_MS,
+    latency_p99_ms: list[float | None] | None = None,
 ) -> Verdict:
     """A trial passes when its sampled outputs match the reference (a trial that completed no
     batch at all is too slow, not wrong), all `expected` measured
-    batches completed, 90% of them processed within the interval, and the scheduling delay did
-    not grow (mean of the last third minus the first third at most GROWTH_LIMIT_MS)."""
+    batches completed, 90% of them processed within the interval, the scheduling delay did
+    not grow (mean of the last third minus the first third at most GROWTH_LIMIT_MS), and, when
+    the batches' p99 latencies are given, the highest of them is under the latency target
+    (LATENCY_TARGET_INTERVALS intervals; a batch without a measured latency fails it)."""
     n = len(processing_ms)
     p50 = statistics.median(processing_ms) if n else 0.0
     p90 = percentile(processing_ms, 0.9) if n else 0.0
@@ -57,9 +63,11 @@ def judge(
         if n
         else 0.0
     )
+    known = [v for v in latency_p99_ms or [] if v is not None]
+    p99 = max(known) if known else None
 
     def verdict(kind: str, reason: str) -> Verdict:
-        return Verdict(kind, reason, p50, p90, growth, n)
+        return Verdict(kind, reason, p50, p90, growth, n, p99)
 
     if n == 0:
         return verdict(SLOW, "no measured batch completed in time")
@@ -71,4 +79,10 @@ def judge(
         return verdict(SLOW, f"processing p90 {p90:.0f} ms >= interval")
     if growth > GROWTH_LIMIT_MS:
         return verdict(SLOW, f"scheduling delay grew {growth:.0f} ms")
+    if latency_p99_ms is not None:
+        target = LATENCY_TARGET_INTERVALS * interval_ms
+        if len(known) < len(latency_p99_ms):
+            return verdict(SLOW, f"latency measured for {len(known)}/{n} batches")
+        if p99 is None or p99 >= target:
+            return verdict(SLOW, f"latency p99 {p99:.0f} ms >= target {target} ms")
     return verdict(OK, "ok")
