@@ -4,6 +4,7 @@ and replays, transactions, data loss, new partitions, bad input, and every error
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -125,6 +126,27 @@ def test_read_committed_skips_aborted_records_and_ends_ranges_on_markers(ssc, ka
         "plain",
         "c3",
     ]
+
+
+def test_each_record_is_measured_from_its_kafka_timestamp_once_however_often_read(
+    ssc, kafka_server
+):
+    """On a LogAppendTime topic the broker stamps a record when it appends it, between the
+    producer's clock readings before and after; a range read twice reports each record once."""
+    topic = f"stamped-{uuid.uuid4().hex[:8]}"
+    kafka_server.create_topic(topic, 2, **{"message.timestamp.type": "LogAppendTime"})
+    before_ms = int(time.time() * 1000)
+    produce(kafka_server.bootstrap, topic, [f"s{i}" for i in range(30)])
+    after_ms = int(time.time() * 1000)
+    source = source_for(ssc, kafka_server, topic)
+    batch_ms = after_ms + 5000
+    planned = source.plan(batch_ms, None)
+    rdd = source.compute(batch_ms)
+    assert len(rdd.collect()) == 30 and rdd.count() == 30
+    ages = source.record_ages(batch_ms, planned)
+    assert ages is not None and sum(ages.values()) == 30
+    assert all(batch_ms - after_ms <= age <= batch_ms - before_ms for age in ages)
+    assert source.record_ages(batch_ms, planned) is None  # taken once
 
 
 def test_an_open_transaction_is_not_planned_until_it_ends(ssc, kafka_server):

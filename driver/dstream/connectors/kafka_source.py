@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     IsolationLevel,
     KafkaError,
@@ -47,7 +48,9 @@ from dstream.connectors.kafka_client import (
     broker_error,
     client_config,
 )
+from dstream.runtime import latency
 from dstream.runtime.checkpoint import write_atomically
+from dstream.runtime.latency import Ages
 from dstream.sources import InputDStream, SourceError, split_budget
 from dstream.spec import starting_offsets
 
@@ -342,7 +345,19 @@ class KafkaInputDStream(InputDStream):
             self._malformed,
             self.retry_seconds,
         )
-        return self._sc.parallelize(slices, len(slices)).flatMap(reader.read)
+        reports = self._age_reports
+
+        def read(split: int, tasks: Iterator[tuple[str, int, int, int]]) -> Iterator[Any]:
+            ages: Ages = {}
+            records = (record for task in tasks for record in reader.read(task, ages, time_ms))
+            return latency.reporting(records, reports, (time_ms, split), ages)
+
+        return self._sc.parallelize(slices, len(slices)).mapPartitionsWithIndex(read)
+
+    def record_ages(self, time_ms: int, planned: Any) -> Ages | None:
+        """Counted by the tasks from each record's Kafka timestamp: the producer's (CreateTime)
+        or, on a topic with `message.timestamp.type=LogAppendTime`, the broker's."""
+        return latency.reported_ages(self._age_reports, time_ms)
 
     # -- the consumer group, for lag tools ------------------------------------------------
 
@@ -423,8 +438,11 @@ class RangeReader:
             }
         )
 
-    def read(self, task: tuple[str, int, int, int]) -> Iterator[Any]:
-        """The records of offsets [start, until) of one partition (a task)."""
+    def read(
+        self, task: tuple[str, int, int, int], ages: Ages | None = None, batch_ms: int = 0
+    ) -> Iterator[Any]:
+        """The records of offsets [start, until) of one partition (a task); with `ages`, each
+        record's age at batch_ms (from its Kafka timestamp) is counted into it."""
         topic, partition, start, until = task
         undecodable: list[dict[str, Any]] = []
         consumer = self.consumer()
@@ -433,6 +451,9 @@ class RangeReader:
             for message in self.messages(consumer, topic, partition, start, until):
                 record, problem = decode(message.value(), self.settings.format)
                 if problem is None:
+                    kind, stamp_ms = message.timestamp()
+                    if ages is not None and kind != TIMESTAMP_NOT_AVAILABLE:
+                        latency.add_age(ages, batch_ms - stamp_ms)
                     yield record
                 else:
                     undecodable.append(
