@@ -165,10 +165,21 @@ class Kube:
             path = f"{path}/{subresource}"
         return await self._request("PATCH", path, patch, "application/merge-patch+json")
 
-    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
-        """Delete with the object's own grace period; False if it was already gone."""
+    async def delete(
+        self, api_version: str, kind: str, namespace: str, name: str, uid: str | None = None
+    ) -> bool:
+        """Delete with the object's own grace period; False if it was already gone, or if a
+        `uid` is given and the object of that name is another one (a successor)."""
         path = object_path(api_version, kind, namespace, name)
-        return await self._request("DELETE", path) is not None
+        if uid is None:
+            return await self._request("DELETE", path) is not None
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        try:
+            return await self._request("DELETE", path, options) is not None
+        except KubeError as error:
+            if error.status == 409:
+                return False
+            raise
 
     async def serves(self, api_version: str, plural: str) -> bool:
         """Whether the API server serves this resource in this group version (discovery)."""

@@ -24,7 +24,8 @@ from typing import Any
 import aiohttp
 from dstream.spec import API_VERSION, KIND, SpecError, StreamingJob, parse_job
 
-from dstream_operator import metrics, resources
+from dstream_operator import children, metrics, resources
+from dstream_operator.children import ChildKey
 from dstream_operator.driver_api import fetch_report
 from dstream_operator.kube import Kube, KubeError
 from dstream_operator.reconcile import Event, Observation, Plan, plan
@@ -50,8 +51,8 @@ class JobMemory:
     """What is known about one job between supervision steps."""
 
     body: dict[str, Any] | None = None  # the StreamingJob as last seen
-    set_up: bool = False  # its ServiceAccount, Role, ConfigMap, Service exist
-    children_for: str | None = None  # the spec hash the children were last applied for
+    set_up: bool = False  # its ConfigMap, Service and the like exist
+    applied: dict[ChildKey, str] = field(default_factory=dict)  # child -> its fingerprint
     status: JobStatus | None = None  # as the supervisor last wrote it
     driver: PodFacts | None = None
     vanished: PodFacts | None = None  # a driver pod gone since the last step
@@ -76,11 +77,34 @@ class JobMemory:
         return JobStatus.model_validate((self.body or {}).get("status") or {})
 
 
+class DriverIdentities:
+    """The namespaces whose shared driver identity (`resources.driver_identity`) the operator
+    has applied since it started: the first job of a namespace applies it, the others wait
+    for that and write nothing."""
+
+    def __init__(self) -> None:
+        self._ready: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def ensure(self, kube: Kube, namespace: str) -> None:
+        if namespace in self._ready:
+            return
+        async with self._locks.setdefault(namespace, asyncio.Lock()):
+            if namespace not in self._ready:
+                await apply_children(kube, resources.driver_identity(namespace))
+                self._ready.add(namespace)
+
+    def forget(self, namespace: str) -> None:
+        """Apply it again next time: a driver pod was refused (someone deleted the account?)."""
+        self._ready.discard(namespace)
+
+
 class JobBook:
     """Jobs and their pods as the watch handlers report them; changes wake the supervisor."""
 
     def __init__(self) -> None:
         self.jobs: dict[JobKey, JobMemory] = {}
+        self.identities = DriverIdentities()
         self.changed = asyncio.Event()
         self.dirty: set[JobKey] = set()  # jobs seen changing since their last step
 
@@ -99,10 +123,9 @@ class JobBook:
             self.memory(key).body = body
         self.touch(key)
 
-    def mark_set_up(self, key: JobKey, spec_hash: str | None) -> None:
-        """The job's children exist, as of this spec (None: an invalid spec, none applied)."""
-        memory = self.memory(key)
-        memory.set_up, memory.children_for = True, spec_hash
+    def mark_set_up(self, key: JobKey) -> None:
+        """The job's children exist (or its spec is invalid and none were applied)."""
+        self.memory(key).set_up = True
         self.touch(key)
 
     def see_driver(self, key: JobKey, pod: PodFacts, deleted: bool) -> None:
@@ -247,12 +270,22 @@ def _reject(step: Plan, message: str, now: datetime) -> None:
     step.events.append(Event("Warning", "DriverPodRejected", message))
 
 
-async def apply_children(kube: Kube, children: list[dict[str, Any]]) -> None:
-    """Apply a job's children concurrently, RoleBindings last: the API server checks a binding
-    against the Role it grants, which must exist by then."""
-    bindings = [c for c in children if c["kind"] == "RoleBinding"]
-    await asyncio.gather(*(kube.apply(c) for c in children if c["kind"] != "RoleBinding"))
+async def apply_children(kube: Kube, objects: list[dict[str, Any]]) -> None:
+    """Apply objects concurrently, RoleBindings last: the API server checks a binding against
+    the Role it grants, which must exist by then."""
+    bindings = [c for c in objects if c["kind"] == "RoleBinding"]
+    await asyncio.gather(*(kube.apply(c) for c in objects if c["kind"] != "RoleBinding"))
     await asyncio.gather(*(kube.apply(c) for c in bindings))
+
+
+async def sync_children(
+    kube: Kube, applied: dict[ChildKey, str], desired: list[dict[str, Any]]
+) -> None:
+    """Write the children that changed since they were last applied (`children.changes`)."""
+    todo = children.changes(desired, applied)
+    await apply_children(kube, todo.apply)
+    await asyncio.gather(*(kube.delete(*key) for key in todo.delete))
+    todo.record(applied)
 
 
 class Supervisor:
@@ -371,7 +404,7 @@ class Supervisor:
     ) -> None:
         driver = memory.driver
         if step.restarted:
-            memory.children_for = None  # a lost driver's replacement repairs them
+            memory.applied.clear()  # a lost driver's replacement repairs them
         if step.stop_driver and driver is not None:
             await stop_driver(self.kube, owner, step.stop_driver)
             memory.mark_stopped(driver, step.stop_driver)
@@ -384,6 +417,8 @@ class Supervisor:
             try:
                 created = await self.kube.create(pod)
             except KubeError as error:
+                memory.applied.clear()  # the next try repairs what the pod needs
+                self.book.identities.forget(owner.namespace)
                 if error.status not in REJECTED:
                     raise
                 _reject(step, f"the API server rejected the driver pod: {error}", now)
@@ -399,15 +434,13 @@ class Supervisor:
     async def _apply_children(
         self, memory: JobMemory, job: StreamingJob, owner: resources.Owner
     ) -> None:
-        """The driver pod needs all of them: apply them unless they were applied for this very
-        spec since the operator started (the creation handler just did, for a new job), so a
-        burst of new jobs costs one round of writes each, not two; a restart (see `_act`) or
-        a spec change repairs them."""
-        fingerprint = resources.spec_hash(job)
-        if memory.children_for == fingerprint:
-            return
-        await apply_children(self.kube, resources.children(job, owner, self.settings.platform))
-        memory.children_for = fingerprint
+        """The driver pod needs all of them, and its namespace's driver identity: write those
+        not applied as they are now since the operator started (the creation handler just did,
+        for a new job), so a burst of new jobs costs one round of writes each, not two; a
+        restart (see `_act`) repairs them."""
+        await self.book.identities.ensure(self.kube, owner.namespace)
+        desired = resources.children(job, owner, self.settings.platform)
+        await sync_children(self.kube, memory.applied, desired)
 
     async def _write_status(
         self, memory: JobMemory, owner: resources.Owner, status: JobStatus
