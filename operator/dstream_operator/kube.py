@@ -132,17 +132,20 @@ class Kube:
                 return None
             raise
 
-    async def apply(self, obj: dict[str, Any], attempts: int = 3) -> None:
+    async def apply(self, obj: dict[str, Any], attempts: int = 3, exists: bool = False) -> None:
         """Create, or bring an existing object's fields to the given values. An object can
         vanish between the two (the garbage collector removing a predecessor's child after a
-        job was deleted and created again): then it is created anew."""
+        job was deleted and created again): then it is created anew. One that `exists` (as
+        far as the caller knows) is patched first: one round trip, not a refused create and
+        then a patch."""
         meta = obj["metadata"]
         path = (obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
         for _ in range(attempts):
-            if await self.create(obj) is not None:
+            if not exists and await self.create(obj) is not None:
                 return
             if await self.patch(*path, obj) is not None:
                 return
+            exists = False
         raise KubeError(409, f"{obj['kind']} {meta['name']} kept vanishing while applied")
 
     async def get(

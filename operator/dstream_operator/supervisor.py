@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import math
 import time
 import zlib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -46,6 +48,19 @@ JobKey = tuple[str, str]  # (namespace, name)
 REJECTED = (400, 422)
 
 
+@dataclass(frozen=True)
+class Derived:
+    """What a step derives from the job's spec alone. A step runs for every job every poll
+    interval, and deriving these costs milliseconds (YAML dumps for the fingerprint, the
+    driver pod built to find overridden fields): with 200 jobs that was most of the
+    operator's CPU. So they are derived again only when the spec changes."""
+
+    job: StreamingJob | None
+    problems: tuple[str, ...]
+    spec_hash: str
+    template_overrides: tuple[str, ...]
+
+
 @dataclass
 class JobMemory:
     """What is known about one job between supervision steps."""
@@ -61,6 +76,7 @@ class JobMemory:
     polled_at: float = -math.inf
     wake_at: datetime | None = None  # the last plan asked to be made again then
     refresh_at: datetime | None = None  # step again then even if nothing changes (status)
+    derived: tuple[str, Derived] | None = None  # and the spec (as JSON) it was derived from
 
     def mark_stopped(self, pod: PodFacts, reason: str) -> None:
         """Remember that the supervisor stopped `pod` or handled its end. Watch events may
@@ -270,12 +286,18 @@ def _reject(step: Plan, message: str, now: datetime) -> None:
     step.events.append(Event("Warning", "DriverPodRejected", message))
 
 
-async def apply_children(kube: Kube, objects: list[dict[str, Any]]) -> None:
+async def apply_children(
+    kube: Kube, objects: list[dict[str, Any]], known: Collection[ChildKey] = ()
+) -> None:
     """Apply objects concurrently, RoleBindings last: the API server checks a binding against
-    the Role it grants, which must exist by then."""
+    the Role it grants, which must exist by then. Those `known` to exist are patched first."""
+
+    async def apply(obj: dict[str, Any]) -> None:
+        await kube.apply(obj, exists=children.child_key(obj) in known)
+
     bindings = [c for c in objects if c["kind"] == "RoleBinding"]
-    await asyncio.gather(*(kube.apply(c) for c in objects if c["kind"] != "RoleBinding"))
-    await asyncio.gather(*(kube.apply(c) for c in bindings))
+    await asyncio.gather(*(apply(c) for c in objects if c["kind"] != "RoleBinding"))
+    await asyncio.gather(*(apply(c) for c in bindings))
 
 
 async def sync_children(
@@ -283,7 +305,7 @@ async def sync_children(
 ) -> None:
     """Write the children that changed since they were last applied (`children.changes`)."""
     todo = children.changes(desired, applied)
-    await apply_children(kube, todo.apply)
+    await apply_children(kube, todo.apply, known=applied.keys())
     await asyncio.gather(*(kube.delete(*key) for key in todo.delete))
     todo.record(applied)
 
@@ -347,21 +369,22 @@ class Supervisor:
         memory.wake_at = None  # a failing step retries on the next tick, not in a tight loop
         memory.refresh_at = refresh_slot(key, self.settings.interval_seconds, datetime.now(UTC))
         owner = owner_of(memory.body)
-        job, problems = parse(memory.body)
+        derived = self._derived(memory, owner)
+        job = derived.job
         vanished, memory.vanished = memory.vanished, None
         try:
             seen = Observation(
                 job=job,
                 job_uid=owner.uid,
-                problems=problems,
+                problems=derived.problems,
                 status=memory.current_status(),
                 driver=memory.driver,
                 vanished=vanished,
                 executors_ready=sum(memory.executors.values()),
                 report=await self._report(memory, owner, http),
-                spec_hash=resources.spec_hash(job) if job else "",
+                spec_hash=derived.spec_hash,
                 now=datetime.now(UTC),
-                template_overrides=tuple(self._template_overrides(job, owner)),
+                template_overrides=derived.template_overrides,
             )
             step = plan(seen)
             await self._act(step, memory, owner, job, seen.now)
@@ -371,11 +394,26 @@ class Supervisor:
             raise
         await self._write_status(memory, owner, step.status)
 
-    def _template_overrides(self, job: StreamingJob | None, owner: resources.Owner) -> list[str]:
-        if job is None:
-            return []
+    def _derived(self, memory: JobMemory, owner: resources.Owner) -> Derived:
+        """The job's `Derived`, from the memory unless its spec (or uid) changed since."""
+        assert memory.body is not None
+        key = json.dumps([memory.body.get("spec"), dataclasses.astuple(owner)], sort_keys=True)
+        if memory.derived is not None and memory.derived[0] == key:
+            return memory.derived[1]
+        job, problems = parse(memory.body)
         settings = self.settings
-        return resources.template_overrides(job, owner, settings.driver_host, settings.api_server)
+        derived = Derived(
+            job,
+            problems,
+            resources.spec_hash(job) if job else "",
+            tuple(
+                resources.template_overrides(job, owner, settings.driver_host, settings.api_server)
+                if job
+                else ()
+            ),
+        )
+        memory.derived = (key, derived)
+        return derived
 
     async def _report(
         self, memory: JobMemory, owner: resources.Owner, http: aiohttp.ClientSession

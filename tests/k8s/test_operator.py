@@ -747,6 +747,19 @@ def test_deleting_a_job_garbage_collects_everything_it_owns(k8s: Harness):
     assert k8s.driver_identity()  # the namespace's other jobs still run as it
 
 
+def test_a_deleted_jobs_driver_pod_is_deleted_by_the_operator(k8s: Harness):
+    """Not left to the garbage collector alone, which works through every object of every
+    deleted job at the controller-manager's client rate (docs/operator-scale.md): here the
+    driver pod has lost its ownerReference, so only the operator can delete it."""
+    k8s.create_job("orphan")
+    pod = k8s.running_driver("orphan")
+    unowned = {"metadata": {"ownerReferences": None}}
+    k8s.core.patch_namespaced_pod(pod.metadata.name, k8s.namespace, unowned)
+    k8s.delete_job("orphan")
+    k8s.wait_for("the job gone", lambda: k8s.job("orphan") is None)
+    k8s.wait_for("its driver pod gone", lambda: not k8s.pods("orphan"))
+
+
 @pytest.mark.parametrize(
     ("spec", "field"),
     [

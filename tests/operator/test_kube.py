@@ -100,6 +100,30 @@ async def test_apply_creates_again_what_vanished_between_create_and_patch():
     ]
 
 
+async def test_apply_patches_first_what_exists_and_creates_it_if_it_vanished():
+    """One round trip for a known child; a child deleted meanwhile is created again."""
+    runner, url, seen = await _serve(
+        [(200, {"metadata": {"name": "cm"}}), (404, {"code": 404}), (201, {})]
+    )
+    kube = Kube(kubernetes.client.Configuration(host=url))
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "cm", "namespace": "jobs"},
+    }
+    try:
+        await kube.apply(config_map, exists=True)
+        await kube.apply(config_map, exists=True)
+    finally:
+        await kube.close()
+        await runner.cleanup()
+    assert [(r.method, r.path) for r in seen] == [
+        ("PATCH", "/api/v1/namespaces/jobs/configmaps/cm"),
+        ("PATCH", "/api/v1/namespaces/jobs/configmaps/cm"),
+        ("POST", "/api/v1/namespaces/jobs/configmaps"),
+    ]
+
+
 TOKEN_NOT_YET = {
     "kind": "Status",
     "code": 500,
