@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import heapq
 import json
 import logging
 import math
@@ -46,6 +47,7 @@ JobKey = tuple[str, str]  # (namespace, name)
 # Answers to creating a driver pod that no retry can change (a pod template the API server
 # finds invalid): the job fails saying why, until its spec changes.
 REJECTED = (400, 422)
+PHASE_COUNT_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,7 @@ class JobMemory:
     executors: dict[str, bool] = field(default_factory=dict)  # pod name -> ready
     report: DriverReport | None = None
     polled_at: float = -math.inf
-    wake_at: datetime | None = None  # the last plan asked to be made again then
-    refresh_at: datetime | None = None  # step again then even if nothing changes (status)
+    step_times: set[datetime] = field(default_factory=set)  # step then, even if nothing changes
     derived: tuple[str, Derived] | None = None  # and the spec (as JSON) it was derived from
 
     def mark_stopped(self, pod: PodFacts, reason: str) -> None:
@@ -123,6 +124,9 @@ class JobBook:
         self.identities = DriverIdentities()
         self.changed = asyncio.Event()
         self.dirty: set[JobKey] = set()  # jobs seen changing since their last step
+        # (when, job) for every `step_at`, soonest first; an entry the job no longer holds
+        # in its `step_times` is dropped when it comes up
+        self._times: list[tuple[datetime, JobKey]] = []
 
     def memory(self, key: JobKey) -> JobMemory:
         return self.jobs.setdefault(key, JobMemory())
@@ -190,27 +194,50 @@ class JobBook:
         self.touch(key)
         return True
 
-    def _next_steps(self) -> list[tuple[JobKey, datetime]]:
-        """When each job wants its next step without a change: a restart backoff's end, or
-        its status refresh."""
-        return [
-            (key, at)
-            for key, memory in self.jobs.items()
-            for at in (memory.wake_at, memory.refresh_at)
-            if at is not None
-        ]
+    def step_at(self, key: JobKey, at: datetime) -> None:
+        """Step the job at `at` even if nothing changes about it: a restart backoff's end,
+        its next status refresh. Kept in a heap: the supervisor wakes on every watch event,
+        and scanning every job for its times on each wake was a quarter of the operator's
+        CPU with 200 jobs (docs/operator-scale.md)."""
+        memory = self.jobs.get(key)
+        if memory is not None:
+            memory.step_times.add(at)
+            heapq.heappush(self._times, (at, key))
+
+    def forget_times(self, key: JobKey) -> None:
+        """The job is being stepped: the times asked before are its steps' to ask again."""
+        memory = self.jobs.get(key)
+        if memory is not None:
+            memory.step_times.clear()
+
+    def _held(self, at: datetime, key: JobKey) -> bool:
+        memory = self.jobs.get(key)
+        return memory is not None and at in memory.step_times
+
+    def _drop_stale(self) -> None:
+        while self._times and not self._held(*self._times[0]):
+            heapq.heappop(self._times)
 
     def take_due(self, now: datetime) -> list[JobKey]:
-        """The jobs to step now: those that changed and those whose time has come."""
-        due = self.dirty | {key for key, at in self._next_steps() if at <= now}
+        """The jobs to step now: those that changed and those whose time has come (each time
+        is taken once)."""
+        due = self.dirty
         self.dirty = set()
+        self._drop_stale()
+        while self._times and self._times[0][0] <= now:
+            at, key = heapq.heappop(self._times)
+            if self._held(at, key):
+                self.jobs[key].step_times.discard(at)
+                due.add(key)
         return sorted(key for key in due if key in self.jobs)
 
     def seconds_to_wait(self, interval: float, now: datetime) -> float:
         """Until the next job's time comes, at most the poll interval: a restart must not
         wait for the next poll tick (backoffSeconds may be shorter than the interval)."""
-        times = [(at - now).total_seconds() for _key, at in self._next_steps()]
-        return max(0.0, min([interval, *times]))
+        self._drop_stale()
+        if not self._times:
+            return interval
+        return max(0.0, min(interval, (self._times[0][0] - now).total_seconds()))
 
     async def wait(self, timeout: float) -> None:
         """Until something changes or `timeout` seconds pass."""
@@ -323,10 +350,21 @@ class Supervisor:
 
     async def run_forever(self) -> None:
         async with aiohttp.ClientSession() as http:
+            counted_at = -math.inf
             while True:
                 interval = self.settings.interval_seconds
                 await self.book.wait(self.book.seconds_to_wait(interval, datetime.now(UTC)))
                 self.start_due(http)
+                if time.monotonic() - counted_at >= PHASE_COUNT_SECONDS:
+                    counted_at = time.monotonic()
+                    self.count_phases()
+
+    def count_phases(self) -> None:
+        """The jobs per phase gauge: a pass over every job, so at most every
+        PHASE_COUNT_SECONDS, not after every step."""
+        metrics.count_phases(
+            memory.current_status().phase for memory in self.book.jobs.values() if memory.body
+        )
 
     def start_due(self, http: aiohttp.ClientSession) -> None:
         """Start a step for each job that changed or whose time came, without waiting for
@@ -355,9 +393,6 @@ class Supervisor:
             if key in self._again:
                 self._again.discard(key)
                 self.book.touch(key)
-        metrics.count_phases(
-            memory.current_status().phase for memory in self.book.jobs.values() if memory.body
-        )
 
     async def step(self, key: JobKey, http: aiohttp.ClientSession) -> None:
         memory = self.book.jobs.get(key)
@@ -366,8 +401,9 @@ class Supervisor:
         if memory.body["metadata"].get("deletionTimestamp"):
             return  # the deletion handler owns a job's last moments
         metrics.RECONCILIATIONS.labels("supervise").inc()
-        memory.wake_at = None  # a failing step retries on the next tick, not in a tight loop
-        memory.refresh_at = refresh_slot(key, self.settings.interval_seconds, datetime.now(UTC))
+        # a failing step retries at its next refresh, not in a tight loop
+        self.book.forget_times(key)
+        self.book.step_at(key, refresh_slot(key, self.settings.interval_seconds, datetime.now(UTC)))
         owner = owner_of(memory.body)
         derived = self._derived(memory, owner)
         job = derived.job
@@ -388,7 +424,8 @@ class Supervisor:
             )
             step = plan(seen)
             await self._act(step, memory, owner, job, seen.now)
-            memory.wake_at = step.wake_at
+            if step.wake_at is not None:
+                self.book.step_at(key, step.wake_at)
         except Exception:
             memory.vanished = memory.vanished or vanished  # decide on it again next time
             raise
