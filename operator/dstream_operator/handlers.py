@@ -79,7 +79,9 @@ async def set_up(
     **_: Any,
 ) -> None:
     """Create (or repair) the job's fixed children, and its namespace's driver identity if
-    this is the namespace's first job; the supervisor then starts the driver."""
+    this is the namespace's first job. The supervisor does not wait for this: its first step
+    writes what a new driver needs itself (what one of the two wrote, the other does not
+    write again), so a new job's driver is created as soon as the job is seen."""
     key = (meta["namespace"], meta["name"])
     job, problems = parse(dict(body))
     if job is None:
@@ -88,7 +90,7 @@ async def set_up(
         owner = owner_of(dict(body))
         await memo.book.identities.ensure(memo.kube, owner.namespace)
         desired = resources.children(job, owner, memo.supervision.platform)
-        await sync_children(memo.kube, memo.book.memory(key).applied, desired)
+        await sync_children(memo.kube, memo.book.memory(key), desired)
         kopf.event(
             body,
             type="Normal",
@@ -97,7 +99,6 @@ async def set_up(
             f"configured) in place; the driver runs as {resources.driver_service_account(job)}",
         )
         patch.status["observedGeneration"] = meta.get("generation")
-    memo.book.mark_set_up(key)
 
 
 @kopf.on.update(*JOBS, field="spec")
@@ -123,7 +124,7 @@ async def spec_changed(
     owner = owner_of(dict(body))
     await memo.book.identities.ensure(memo.kube, owner.namespace)  # a user account's binding
     desired = resources.children(job, owner, memo.supervision.platform)
-    await sync_children(memo.kube, memo.book.memory(key).applied, desired)
+    await sync_children(memo.kube, memo.book.memory(key), desired)
     changed = resources.restart_fields(dict(old or {}), dict(new or {}))
     if memo.book.reset_failure(key):
         kopf.event(

@@ -68,8 +68,10 @@ class JobMemory:
     """What is known about one job between supervision steps."""
 
     body: dict[str, Any] | None = None  # the StreamingJob as last seen
-    set_up: bool = False  # its ConfigMap, Service and the like exist
     applied: dict[ChildKey, str] = field(default_factory=dict)  # child -> its fingerprint
+    # held while its children are written: the creation handler and the supervisor's first
+    # step both write them, and the second then finds nothing left to write
+    children_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     status: JobStatus | None = None  # as the supervisor last wrote it
     driver: PodFacts | None = None
     vanished: PodFacts | None = None  # a driver pod gone since the last step
@@ -141,11 +143,6 @@ class JobBook:
             self.jobs.pop(key, None)
         else:
             self.memory(key).body = body
-        self.touch(key)
-
-    def mark_set_up(self, key: JobKey) -> None:
-        """The job's children exist (or its spec is invalid and none were applied)."""
-        self.memory(key).set_up = True
         self.touch(key)
 
     def see_driver(self, key: JobKey, pod: PodFacts, deleted: bool) -> None:
@@ -327,14 +324,13 @@ async def apply_children(
     await asyncio.gather(*(apply(c) for c in bindings))
 
 
-async def sync_children(
-    kube: Kube, applied: dict[ChildKey, str], desired: list[dict[str, Any]]
-) -> None:
+async def sync_children(kube: Kube, memory: JobMemory, desired: list[dict[str, Any]]) -> None:
     """Write the children that changed since they were last applied (`children.changes`)."""
-    todo = children.changes(desired, applied)
-    await apply_children(kube, todo.apply, known=applied.keys())
-    await asyncio.gather(*(kube.delete(*key) for key in todo.delete))
-    todo.record(applied)
+    async with memory.children_lock:
+        todo = children.changes(desired, memory.applied)
+        await apply_children(kube, todo.apply, known=memory.applied.keys())
+        await asyncio.gather(*(kube.delete(*key) for key in todo.delete))
+        todo.record(memory.applied)
 
 
 class Supervisor:
@@ -396,7 +392,7 @@ class Supervisor:
 
     async def step(self, key: JobKey, http: aiohttp.ClientSession) -> None:
         memory = self.book.jobs.get(key)
-        if memory is None or memory.body is None or not memory.set_up:
+        if memory is None or memory.body is None:
             return
         if memory.body["metadata"].get("deletionTimestamp"):
             return  # the deletion handler owns a job's last moments
@@ -515,7 +511,7 @@ class Supervisor:
         restart (see `_act`) repairs them."""
         await self.book.identities.ensure(self.kube, owner.namespace)
         desired = resources.children(job, owner, self.settings.platform)
-        await sync_children(self.kube, memory.applied, desired)
+        await sync_children(self.kube, memory, desired)
 
     async def _write_status(
         self, memory: JobMemory, owner: resources.Owner, status: JobStatus
