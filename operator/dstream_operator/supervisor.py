@@ -260,7 +260,7 @@ def refresh_slot(key: JobKey, interval: float, now: datetime) -> datetime:
 @dataclass(frozen=True)
 class SupervisorSettings:
     interval_seconds: float = 5.0  # status refresh and driver API poll period
-    concurrency: int = 16  # supervision steps (API calls, driver polls) in flight at once
+    concurrency: int = 64  # supervision steps (API calls, driver polls) in flight at once
     poll_timeout_seconds: float = 2.0
     driver_host: resources.DriverHost = "service"
     api_server: str = resources.DEFAULT_API_SERVER  # the drivers' Spark master
@@ -497,10 +497,12 @@ class Supervisor:
                 memory.driver = pod_facts(created or pod)
         if step.restarted:
             metrics.DRIVER_RESTARTS.labels(owner.namespace, owner.name).inc()
-        for event in step.events:
-            await self.kube.create(
-                resources.event(owner, event.type, event.reason, event.message, now)
+        await asyncio.gather(
+            *(
+                self.kube.create(resources.event(owner, e.type, e.reason, e.message, now))
+                for e in step.events
             )
+        )
 
     async def _apply_children(
         self, memory: JobMemory, job: StreamingJob, owner: resources.Owner
