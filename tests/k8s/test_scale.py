@@ -162,10 +162,13 @@ def test_many_jobs_get_drivers_change_and_go(
             ]
         }
         pods = drivers()
-        created = [
-            stamp(pods[n].metadata.creation_timestamp)
-            - datetime.fromisoformat(jobs[n]["metadata"]["creationTimestamp"]).timestamp()
+        job_times = [
+            datetime.fromisoformat(jobs[n]["metadata"]["creationTimestamp"]).timestamp()
             for n in names
+        ]
+        created = [
+            stamp(pods[n].metadata.creation_timestamp) - job_time
+            for n, job_time in zip(names, job_times, strict=True)
         ]
 
         phases = _where_the_time_goes(core, namespace, jobs, pods)
@@ -211,6 +214,7 @@ def test_many_jobs_get_drivers_change_and_go(
         gone = until("every job pod gone", job_pods_gone, seconds_per_job())
         summary = (
             f"operator-scale: jobs={JOBS} replicas={REPLICAS} "
+            f"jobs_created_over={max(job_times) - min(job_times):.0f}s "
             f"apply_to_pod_p50={statistics.median(created):.0f}s "
             f"apply_to_pod_p99={percentile(created, 0.99):.0f}s {phases} "
             f"status_after_last_pod={status_lag:.1f}s "
