@@ -1,9 +1,10 @@
 """kopf handlers: StreamingJob lifecycle, pod watching, and the supervisor's start and stop.
 
-The handlers own the job's fixed children (ConfigMap, Service, PodDisruptionBudgets, a
-RoleBinding for a ServiceAccount of the user's), its namespace's driver identity, and the
-optional checkpoint cleanup on deletion; the supervisor owns the driver pod and
-the status (see supervisor.py). The operator's memo carries `kube` (a `Kube` client) and
+The handlers write the job's fixed children (ConfigMap, Service, PodDisruptionBudgets, a
+RoleBinding for a ServiceAccount of the user's) and its namespace's driver identity, as the
+supervisor does before it creates a driver (`supervisor.sync_children`), and own the optional
+checkpoint cleanup on deletion; the supervisor owns the driver pod and the status (see
+supervisor.py). The operator's memo carries `kube` (a `Kube` client) and
 `supervision` (`SupervisorSettings`); main.py builds it, tests build their own.
 """
 
@@ -122,7 +123,7 @@ async def spec_changed(
         logger.warning("invalid spec, change not applied: %s", "; ".join(problems))
         return
     owner = owner_of(dict(body))
-    await memo.book.identities.ensure(memo.kube, owner.namespace)  # a user account's binding
+    await memo.book.identities.ensure(memo.kube, owner.namespace)  # a user account's binding's Role
     desired = resources.children(job, owner, memo.supervision.platform)
     await sync_children(memo.kube, memo.book.memory(key), desired)
     changed = resources.restart_fields(dict(old or {}), dict(new or {}))
