@@ -1,8 +1,10 @@
 """kopf handlers: StreamingJob lifecycle, pod watching, and the supervisor's start and stop.
 
-The handlers own the job's fixed children (ServiceAccount, Role, RoleBinding, ConfigMap,
-Service) and the optional checkpoint cleanup on deletion; the supervisor owns the driver pod and
-the status (see supervisor.py). The operator's memo carries `kube` (a `Kube` client) and
+The handlers write the job's fixed children (ConfigMap, Service, PodDisruptionBudgets, a
+RoleBinding for a ServiceAccount of the user's) and its namespace's driver identity, as the
+supervisor does before it creates a driver (`supervisor.sync_children`), and own the optional
+checkpoint cleanup on deletion; the supervisor owns the driver pod and the status (see
+supervisor.py). The operator's memo carries `kube` (a `Kube` client) and
 `supervision` (`SupervisorSettings`); main.py builds it, tests build their own.
 """
 
@@ -15,20 +17,19 @@ import logging
 from typing import Any
 
 import kopf
-from dstream.spec import StreamingJob
 
 from dstream_operator import resources
 from dstream_operator.kube import Kube
 from dstream_operator.metrics import counted
 from dstream_operator.reconcile import STOP_JOB_DELETION
-from dstream_operator.status import pod_facts
+from dstream_operator.status import PodFacts, pod_facts
 from dstream_operator.supervisor import (
     JobBook,
     Supervisor,
-    apply_children,
     owner_of,
     parse,
     stop_driver,
+    sync_children,
 )
 
 JOBS = ("dstream.dev", "v1alpha1", "streamingjobs")
@@ -78,23 +79,27 @@ async def set_up(
     logger: logging.Logger,
     **_: Any,
 ) -> None:
-    """Create (or repair) the job's fixed children; the supervisor then starts the driver."""
+    """Create (or repair) the job's fixed children, and its namespace's driver identity if
+    this is the namespace's first job. The supervisor does not wait for this: its first step
+    writes what a new driver needs itself (what one of the two wrote, the other does not
+    write again), so a new job's driver is created as soon as the job is seen."""
     key = (meta["namespace"], meta["name"])
     job, problems = parse(dict(body))
     if job is None:
         logger.warning("invalid spec, nothing set up: %s", "; ".join(problems))
     else:
         owner = owner_of(dict(body))
-        await apply_children(memo.kube, resources.children(job, owner, memo.supervision.platform))
+        await memo.book.identities.ensure(memo.kube, owner.namespace)
+        desired = resources.children(job, owner, memo.supervision.platform)
+        await sync_children(memo.kube, memo.book.memory(key), desired)
         kopf.event(
             body,
             type="Normal",
             reason="SetUp",
-            message="ServiceAccount, Role, RoleBinding, ConfigMap, Service, "
-            "PodDisruptionBudgets and the UI Ingress (if configured) in place",
+            message="ConfigMap, Service, PodDisruptionBudgets and the UI Ingress (if "
+            f"configured) in place; the driver runs as {resources.driver_service_account(job)}",
         )
         patch.status["observedGeneration"] = meta.get("generation")
-    memo.book.mark_set_up(key, resources.spec_hash(job) if job else None)
 
 
 @kopf.on.update(*JOBS, field="spec")
@@ -109,17 +114,18 @@ async def spec_changed(
     logger: logging.Logger,
     **_: Any,
 ) -> None:
-    """Publish the new spec to the driver's ConfigMap and say what the change will do; the
-    supervisor restarts the driver when its spec fingerprint no longer matches."""
+    """Publish the new spec to the children it changed (the driver's ConfigMap, the budgets)
+    and say what the change will do; the supervisor restarts the driver when its spec
+    fingerprint no longer matches."""
     key = (meta["namespace"], meta["name"])
     job, problems = parse(dict(body))
     if job is None:
         logger.warning("invalid spec, change not applied: %s", "; ".join(problems))
         return
     owner = owner_of(dict(body))
-    await memo.kube.apply(resources.config_map(job, owner))
-    policy = memo.supervision.platform.policy_version
-    await sync_disruption_budgets(memo.kube, job, owner, policy)
+    await memo.book.identities.ensure(memo.kube, owner.namespace)  # a user account's binding's Role
+    desired = resources.children(job, owner, memo.supervision.platform)
+    await sync_children(memo.kube, memo.book.memory(key), desired)
     changed = resources.restart_fields(dict(old or {}), dict(new or {}))
     if memo.book.reset_failure(key):
         kopf.event(
@@ -134,19 +140,6 @@ async def spec_changed(
         message = "applied without restarting the driver"
     kopf.event(body, type="Normal", reason="SpecChanged", message=message)
     patch.status["observedGeneration"] = meta.get("generation")
-
-
-async def sync_disruption_budgets(
-    kube: Kube, job: StreamingJob, owner: resources.Owner, policy_version: str
-) -> None:
-    """Bring the budgets to the spec: they follow executor.instances and may be turned off."""
-    for role in resources.DISRUPTED_ROLES:
-        budget = resources.disruption_budget(job, owner, role, policy_version)
-        if budget is not None:
-            await kube.apply(budget)
-        else:
-            name = resources.disruption_budget_name(owner.name, role)
-            await kube.delete(policy_version, "PodDisruptionBudget", owner.namespace, name)
 
 
 def deletes_checkpoint(spec: kopf.Spec, **_: Any) -> bool:
@@ -201,8 +194,26 @@ async def delete_checkpoint(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 async def job_seen(
     type: str | None, body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, **_: Any
 ) -> None:
-    detached = copy.deepcopy(dict(body))  # kopf's body views change under our feet
-    memo.book.see_job((namespace, name), None if type == "DELETED" else detached)
+    """Record the job; when it is gone, delete its driver pod at once (see
+    `delete_orphaned_driver`)."""
+    key = (namespace, name)
+    if type == "DELETED":
+        known = memo.book.jobs.get(key)
+        memo.book.see_job(key, None)
+        for driver in known.driver_pods() if known is not None else []:
+            if not driver.deleting:  # a standby job's second driver too
+                await delete_orphaned_driver(memo.kube, namespace, driver)
+        return
+    memo.book.see_job(key, copy.deepcopy(dict(body)))  # kopf's body views change under our feet
+
+
+async def delete_orphaned_driver(kube: Kube, namespace: str, driver: PodFacts) -> None:
+    """The garbage collector would delete the pod of a deleted job too, but it works through
+    every object of every deleted job at the controller-manager's client rate (20 requests a
+    second by default): 200 jobs deleted at once left their pods for minutes
+    (docs/operator-scale.md). The driver still stops gracefully, with its grace period; the
+    pod's uid makes sure that a successor of the same name is left alone."""
+    await kube.delete("v1", "Pod", namespace, driver.name, uid=driver.uid)
 
 
 @kopf.on.event("", "v1", "pods", labels=DRIVER_PODS)

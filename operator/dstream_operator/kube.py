@@ -132,17 +132,20 @@ class Kube:
                 return None
             raise
 
-    async def apply(self, obj: dict[str, Any], attempts: int = 3) -> None:
+    async def apply(self, obj: dict[str, Any], attempts: int = 3, exists: bool = False) -> None:
         """Create, or bring an existing object's fields to the given values. An object can
         vanish between the two (the garbage collector removing a predecessor's child after a
-        job was deleted and created again): then it is created anew."""
+        job was deleted and created again): then it is created anew. One that `exists` (as
+        far as the caller knows) is patched first: one round trip, not a refused create and
+        then a patch."""
         meta = obj["metadata"]
         path = (obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
         for _ in range(attempts):
-            if await self.create(obj) is not None:
+            if not exists and await self.create(obj) is not None:
                 return
             if await self.patch(*path, obj) is not None:
                 return
+            exists = False
         raise KubeError(409, f"{obj['kind']} {meta['name']} kept vanishing while applied")
 
     async def get(
@@ -165,10 +168,21 @@ class Kube:
             path = f"{path}/{subresource}"
         return await self._request("PATCH", path, patch, "application/merge-patch+json")
 
-    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
-        """Delete with the object's own grace period; False if it was already gone."""
+    async def delete(
+        self, api_version: str, kind: str, namespace: str, name: str, uid: str | None = None
+    ) -> bool:
+        """Delete with the object's own grace period; False if it was already gone, or if a
+        `uid` is given and the object of that name is another one (a successor)."""
         path = object_path(api_version, kind, namespace, name)
-        return await self._request("DELETE", path) is not None
+        if uid is None:
+            return await self._request("DELETE", path) is not None
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        try:
+            return await self._request("DELETE", path, options) is not None
+        except KubeError as error:
+            if error.status == 409:
+                return False
+            raise
 
     async def serves(self, api_version: str, plural: str) -> bool:
         """Whether the API server serves this resource in this group version (discovery)."""

@@ -136,7 +136,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--concurrency",
         type=int,
-        default=16,
+        default=64,
         help="supervision steps (API calls, driver polls) in flight at once",
     )
     parser.add_argument(

@@ -76,7 +76,7 @@ def dns_label(text: str, limit: int = 63) -> str:
 
 
 def driver_name(job: str) -> str:
-    """Name of the driver pod, and of its ServiceAccount, Role and RoleBinding."""
+    """Name of the driver pod."""
     return f"{job}-driver"
 
 
@@ -148,18 +148,17 @@ def _metadata(name: str, owner: Owner, role: str) -> dict[str, Any]:
     }
 
 
-def service_account(owner: Owner) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": _metadata(driver_name(owner.name), owner, "driver"),
-    }
+# The ServiceAccount, Role and RoleBinding that every driver of a namespace runs as (see
+# `driver_identity`).
+DRIVER_ACCOUNT = "dstream-driver"
 
 
-def role(owner: Owner, standby: bool = False) -> dict[str, Any]:
+def driver_rules() -> list[dict[str, Any]]:
     """What Spark's driver does in its namespace: executor pods, their services, config maps
-    and on-demand volume claims; with a standby, the job's Lease too. Nothing cluster-wide."""
-    rules = [
+    and on-demand volume claims; the Lease through which a `driver.standby` job's two drivers
+    elect their leader. Nothing cluster-wide. The one place the driver's rights are written:
+    the shared Role grants them, and the chart's ClusterRole must hold them too."""
+    return [
         {
             "apiGroups": [""],
             "resources": ["pods", "services", "configmaps", "persistentvolumeclaims"],
@@ -173,45 +172,90 @@ def role(owner: Owner, standby: bool = False) -> dict[str, Any]:
                 "delete",
                 "deletecollection",
             ],
-        }
+        },
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "patch"],
+        },
     ]
-    if standby:  # creating cannot be limited to one name; reading and writing can
-        rules += [
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
-            {
-                "apiGroups": ["coordination.k8s.io"],
-                "resources": ["leases"],
-                "resourceNames": [lease_name(owner.name)],
-                "verbs": ["get", "patch"],
-            },
-        ]
+
+
+def _identity_metadata(namespace: str) -> dict[str, Any]:
+    """Owned by no job: the identity outlives each of them, like a namespace's `default`."""
     return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": _metadata(driver_name(owner.name), owner, "driver"),
-        "rules": rules,
+        "name": DRIVER_ACCOUNT,
+        "namespace": namespace,
+        "labels": {
+            "app.kubernetes.io/name": "dstream",
+            "app.kubernetes.io/component": "driver",
+            "app.kubernetes.io/managed-by": "dstream-operator",
+        },
     }
 
 
-def driver_service_account(job: StreamingJob, owner: Owner) -> str:
-    """The user's `driver.serviceAccountName`, or the one the operator creates for the job."""
-    return job.spec.driver.service_account_name or driver_name(owner.name)
+def role(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _identity_metadata(namespace),
+        "rules": driver_rules(),
+    }
 
 
-def role_binding(job: StreamingJob, owner: Owner) -> dict[str, Any]:
-    """The driver's Role for the ServiceAccount it runs as: the user's own one (say, with
-    workload-identity annotations) gets what Spark's driver needs without further set-up."""
-    name = driver_name(owner.name)
-    accounts = sorted({name, driver_service_account(job, owner)})
+def driver_identity(namespace: str) -> list[dict[str, Any]]:
+    """The ServiceAccount every driver of the namespace runs as, with its Role and RoleBinding.
+
+    One per namespace, not one per job: on Kubernetes before 1.21 the token controller must
+    write a token Secret for a new ServiceAccount before the API server admits a pod that runs
+    as it, which made each new job wait for it (docs/operator-scale.md). A per-job account
+    isolated nothing: the driver's Role lets it create pods, so it can run a pod as any
+    account of its namespace."""
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _identity_metadata(namespace),
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": DRIVER_ACCOUNT,
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": DRIVER_ACCOUNT, "namespace": namespace}],
+    }
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _identity_metadata(namespace),
+    }
+    return [account, role(namespace), binding]
+
+
+def driver_service_account(job: StreamingJob) -> str:
+    """The user's `driver.serviceAccountName`, or the namespace's shared one."""
+    return job.spec.driver.service_account_name or DRIVER_ACCOUNT
+
+
+def role_binding_name(job: str) -> str:
+    return f"{job}-driver-account"
+
+
+def role_binding(job: StreamingJob, owner: Owner) -> dict[str, Any] | None:
+    """The shared driver Role for the user's own ServiceAccount (say, one with
+    workload-identity annotations), so it gets what Spark's driver needs without further
+    set-up; None when the driver runs as the shared account, already bound."""
+    account = job.spec.driver.service_account_name
+    if account is None:
+        return None
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": _metadata(name, owner, "driver"),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [
-            {"kind": "ServiceAccount", "name": account, "namespace": owner.namespace}
-            for account in accounts
-        ],
+        "metadata": _metadata(role_binding_name(owner.name), owner, "driver"),
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": DRIVER_ACCOUNT,
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": owner.namespace}],
     }
 
 
@@ -347,17 +391,15 @@ def ui_ingress(owner: Owner, settings: UiIngress) -> dict[str, Any]:
 
 
 def children(job: StreamingJob, owner: Owner, platform: Platform) -> list[dict[str, Any]]:
-    """Everything but the driver pod (see `supervisor.apply_children` for the order)."""
+    """Everything but the driver pod and the namespace's driver identity (see
+    `supervisor.apply_children` for the order)."""
     budgets = (disruption_budget(job, owner, r, platform.policy_version) for r in DISRUPTED_ROLES)
     ingress = [ui_ingress(owner, platform.ui_ingress)] if platform.ui_ingress else []
     standby = job.spec.driver.standby
     return [
-        service_account(owner),
-        role(owner, standby),
-        role_binding(job, owner),
         config_map(job, owner),
         service(owner, standby),
-        *filter(None, budgets),
+        *filter(None, [role_binding(job, owner), *budgets]),
         *ingress,
     ]
 
@@ -756,7 +798,7 @@ def _generated_driver_pod(
         "kind": "Pod",
         "metadata": metadata,
         "spec": {
-            "serviceAccountName": driver_service_account(job, owner),
+            "serviceAccountName": driver_service_account(job),
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": grace_seconds(job),
             "securityContext": _pod_security(),

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import heapq
+import json
 import logging
 import math
 import time
 import zlib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -24,7 +27,8 @@ from typing import Any
 import aiohttp
 from dstream.spec import API_VERSION, KIND, SpecError, StreamingJob, parse_job
 
-from dstream_operator import metrics, resources
+from dstream_operator import children, metrics, resources
+from dstream_operator.children import ChildKey
 from dstream_operator.driver_api import fetch_report
 from dstream_operator.kube import Kube, KubeError
 from dstream_operator.reconcile import STOP_ENDED, Event, Observation, Plan, plan
@@ -44,6 +48,20 @@ JobKey = tuple[str, str]  # (namespace, name)
 # Answers to creating a driver pod that no retry can change (a pod template the API server
 # finds invalid): the job fails saying why, until its spec changes.
 REJECTED = (400, 422)
+PHASE_COUNT_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Derived:
+    """What a step derives from the job's spec alone. A step runs for every job every poll
+    interval, and deriving these costs milliseconds (YAML dumps for the fingerprint, the
+    driver pod built to find overridden fields): with 200 jobs that was most of the
+    operator's CPU. So they are derived again only when the spec changes."""
+
+    job: StreamingJob | None
+    problems: tuple[str, ...]
+    spec_hash: str
+    template_overrides: tuple[str, ...]
 
 
 @dataclass
@@ -51,8 +69,10 @@ class JobMemory:
     """What is known about one job between supervision steps."""
 
     body: dict[str, Any] | None = None  # the StreamingJob as last seen
-    set_up: bool = False  # its ServiceAccount, Role, ConfigMap, Service exist
-    children_for: str | None = None  # the spec hash the children were last applied for
+    applied: dict[ChildKey, str] = field(default_factory=dict)  # child -> its fingerprint
+    # held while its children are written: the creation handler and the supervisor's first
+    # step both write them, and the second then finds nothing left to write
+    children_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     status: JobStatus | None = None  # as the supervisor last wrote it
     driver: PodFacts | None = None
     vanished: PodFacts | None = None  # a driver pod gone since the last step
@@ -61,8 +81,8 @@ class JobMemory:
     executors: dict[str, bool] = field(default_factory=dict)  # pod name -> ready
     report: DriverReport | None = None
     polled_at: float = -math.inf
-    wake_at: datetime | None = None  # the last plan asked to be made again then
-    refresh_at: datetime | None = None  # step again then even if nothing changes (status)
+    step_times: set[datetime] = field(default_factory=set)  # step then, even if nothing changes
+    derived: tuple[str, Derived] | None = None  # and the spec (as JSON) it was derived from
 
     def mark_stopped(self, pod: PodFacts, reason: str) -> None:
         """Remember that the supervisor stopped `pod` or handled its end. Watch events may
@@ -86,13 +106,39 @@ class JobMemory:
         return JobStatus.model_validate((self.body or {}).get("status") or {})
 
 
+class DriverIdentities:
+    """The namespaces whose shared driver identity (`resources.driver_identity`) the operator
+    has applied since it started: the first job of a namespace applies it, the others wait
+    for that and write nothing."""
+
+    def __init__(self) -> None:
+        self._ready: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def ensure(self, kube: Kube, namespace: str) -> None:
+        if namespace in self._ready:
+            return
+        async with self._locks.setdefault(namespace, asyncio.Lock()):
+            if namespace not in self._ready:
+                await apply_children(kube, resources.driver_identity(namespace))
+                self._ready.add(namespace)
+
+    def forget(self, namespace: str) -> None:
+        """Apply it again next time: a driver pod was refused (someone deleted the account?)."""
+        self._ready.discard(namespace)
+
+
 class JobBook:
     """Jobs and their pods as the watch handlers report them; changes wake the supervisor."""
 
     def __init__(self) -> None:
         self.jobs: dict[JobKey, JobMemory] = {}
+        self.identities = DriverIdentities()
         self.changed = asyncio.Event()
         self.dirty: set[JobKey] = set()  # jobs seen changing since their last step
+        # (when, job) for every `step_at`, soonest first; an entry the job no longer holds
+        # in its `step_times` is dropped when it comes up
+        self._times: list[tuple[datetime, JobKey]] = []
 
     def memory(self, key: JobKey) -> JobMemory:
         return self.jobs.setdefault(key, JobMemory())
@@ -107,12 +153,6 @@ class JobBook:
             self.jobs.pop(key, None)
         else:
             self.memory(key).body = body
-        self.touch(key)
-
-    def mark_set_up(self, key: JobKey, spec_hash: str | None) -> None:
-        """The job's children exist, as of this spec (None: an invalid spec, none applied)."""
-        memory = self.memory(key)
-        memory.set_up, memory.children_for = True, spec_hash
         self.touch(key)
 
     def see_driver(self, key: JobKey, pod: PodFacts, deleted: bool, second: bool = False) -> None:
@@ -166,27 +206,50 @@ class JobBook:
         self.touch(key)
         return True
 
-    def _next_steps(self) -> list[tuple[JobKey, datetime]]:
-        """When each job wants its next step without a change: a restart backoff's end, or
-        its status refresh."""
-        return [
-            (key, at)
-            for key, memory in self.jobs.items()
-            for at in (memory.wake_at, memory.refresh_at)
-            if at is not None
-        ]
+    def step_at(self, key: JobKey, at: datetime) -> None:
+        """Step the job at `at` even if nothing changes about it: a restart backoff's end,
+        its next status refresh. Kept in a heap: the supervisor wakes on every watch event,
+        and scanning every job for its times on each wake was a quarter of the operator's
+        CPU with 200 jobs (docs/operator-scale.md)."""
+        memory = self.jobs.get(key)
+        if memory is not None:
+            memory.step_times.add(at)
+            heapq.heappush(self._times, (at, key))
+
+    def forget_times(self, key: JobKey) -> None:
+        """The job is being stepped: the times asked before are its steps' to ask again."""
+        memory = self.jobs.get(key)
+        if memory is not None:
+            memory.step_times.clear()
+
+    def _held(self, at: datetime, key: JobKey) -> bool:
+        memory = self.jobs.get(key)
+        return memory is not None and at in memory.step_times
+
+    def _drop_stale(self) -> None:
+        while self._times and not self._held(*self._times[0]):
+            heapq.heappop(self._times)
 
     def take_due(self, now: datetime) -> list[JobKey]:
-        """The jobs to step now: those that changed and those whose time has come."""
-        due = self.dirty | {key for key, at in self._next_steps() if at <= now}
+        """The jobs to step now: those that changed and those whose time has come (each time
+        is taken once)."""
+        due = self.dirty
         self.dirty = set()
+        self._drop_stale()
+        while self._times and self._times[0][0] <= now:
+            at, key = heapq.heappop(self._times)
+            if self._held(at, key):
+                self.jobs[key].step_times.discard(at)
+                due.add(key)
         return sorted(key for key in due if key in self.jobs)
 
     def seconds_to_wait(self, interval: float, now: datetime) -> float:
         """Until the next job's time comes, at most the poll interval: a restart must not
         wait for the next poll tick (backoffSeconds may be shorter than the interval)."""
-        times = [(at - now).total_seconds() for _key, at in self._next_steps()]
-        return max(0.0, min([interval, *times]))
+        self._drop_stale()
+        if not self._times:
+            return interval
+        return max(0.0, min(interval, (self._times[0][0] - now).total_seconds()))
 
     async def wait(self, timeout: float) -> None:
         """Until something changes or `timeout` seconds pass."""
@@ -212,7 +275,7 @@ def refresh_slot(key: JobKey, interval: float, now: datetime) -> datetime:
 @dataclass(frozen=True)
 class SupervisorSettings:
     interval_seconds: float = 5.0  # status refresh and driver API poll period
-    concurrency: int = 16  # supervision steps (API calls, driver polls) in flight at once
+    concurrency: int = 64  # supervision steps (API calls, driver polls) in flight at once
     poll_timeout_seconds: float = 2.0
     driver_host: resources.DriverHost = "service"
     api_server: str = resources.DEFAULT_API_SERVER  # the drivers' Spark master
@@ -271,12 +334,27 @@ def _reject(step: Plan, message: str, now: datetime) -> None:
     step.events.append(Event("Warning", "DriverPodRejected", message))
 
 
-async def apply_children(kube: Kube, children: list[dict[str, Any]]) -> None:
-    """Apply a job's children concurrently, RoleBindings last: the API server checks a binding
-    against the Role it grants, which must exist by then."""
-    bindings = [c for c in children if c["kind"] == "RoleBinding"]
-    await asyncio.gather(*(kube.apply(c) for c in children if c["kind"] != "RoleBinding"))
-    await asyncio.gather(*(kube.apply(c) for c in bindings))
+async def apply_children(
+    kube: Kube, objects: list[dict[str, Any]], known: Collection[ChildKey] = ()
+) -> None:
+    """Apply objects concurrently, RoleBindings last: the API server checks a binding against
+    the Role it grants, which must exist by then. Those `known` to exist are patched first."""
+
+    async def apply(obj: dict[str, Any]) -> None:
+        await kube.apply(obj, exists=children.child_key(obj) in known)
+
+    bindings = [c for c in objects if c["kind"] == "RoleBinding"]
+    await asyncio.gather(*(apply(c) for c in objects if c["kind"] != "RoleBinding"))
+    await asyncio.gather(*(apply(c) for c in bindings))
+
+
+async def sync_children(kube: Kube, memory: JobMemory, desired: list[dict[str, Any]]) -> None:
+    """Write the children that changed since they were last applied (`children.changes`)."""
+    async with memory.children_lock:
+        todo = children.changes(desired, memory.applied)
+        await apply_children(kube, todo.apply, known=memory.applied.keys())
+        await asyncio.gather(*(kube.delete(*key) for key in todo.delete))
+        todo.record(memory.applied)
 
 
 class Supervisor:
@@ -292,10 +370,21 @@ class Supervisor:
 
     async def run_forever(self) -> None:
         async with aiohttp.ClientSession() as http:
+            counted_at = -math.inf
             while True:
                 interval = self.settings.interval_seconds
                 await self.book.wait(self.book.seconds_to_wait(interval, datetime.now(UTC)))
                 self.start_due(http)
+                if time.monotonic() - counted_at >= PHASE_COUNT_SECONDS:
+                    counted_at = time.monotonic()
+                    self.count_phases()
+
+    def count_phases(self) -> None:
+        """The jobs per phase gauge: a pass over every job, so at most every
+        PHASE_COUNT_SECONDS, not after every step."""
+        metrics.count_phases(
+            memory.current_status().phase for memory in self.book.jobs.values() if memory.body
+        )
 
     def start_due(self, http: aiohttp.ClientSession) -> None:
         """Start a step for each job that changed or whose time came, without waiting for
@@ -324,21 +413,20 @@ class Supervisor:
             if key in self._again:
                 self._again.discard(key)
                 self.book.touch(key)
-        metrics.count_phases(
-            memory.current_status().phase for memory in self.book.jobs.values() if memory.body
-        )
 
     async def step(self, key: JobKey, http: aiohttp.ClientSession) -> None:
         memory = self.book.jobs.get(key)
-        if memory is None or memory.body is None or not memory.set_up:
+        if memory is None or memory.body is None:
             return
         if memory.body["metadata"].get("deletionTimestamp"):
             return  # the deletion handler owns a job's last moments
         metrics.RECONCILIATIONS.labels("supervise").inc()
-        memory.wake_at = None  # a failing step retries on the next tick, not in a tight loop
-        memory.refresh_at = refresh_slot(key, self.settings.interval_seconds, datetime.now(UTC))
+        # a failing step retries at its next refresh, not in a tight loop
+        self.book.forget_times(key)
+        self.book.step_at(key, refresh_slot(key, self.settings.interval_seconds, datetime.now(UTC)))
         owner = owner_of(memory.body)
-        job, problems = parse(memory.body)
+        derived = self._derived(memory, owner)
+        job = derived.job
         vanished, memory.vanished = memory.vanished, None
         second_vanished, memory.second_vanished = memory.second_vanished, None
         try:
@@ -346,33 +434,49 @@ class Supervisor:
             seen = Observation(
                 job=job,
                 job_uid=owner.uid,
-                problems=problems,
+                problems=derived.problems,
                 status=memory.current_status(),
                 driver=memory.driver,
                 vanished=vanished,
                 executors_ready=sum(self._executors(memory, owner, leader).values()),
                 report=await self._report(memory, owner, http, leader),
-                spec_hash=resources.spec_hash(job) if job else "",
+                spec_hash=derived.spec_hash,
                 now=datetime.now(UTC),
-                template_overrides=tuple(self._template_overrides(job, owner)),
+                template_overrides=derived.template_overrides,
                 second=memory.second,
                 second_vanished=second_vanished,
                 leader=leader,
             )
             step = plan(seen)
             await self._act(step, memory, owner, job, seen.now)
-            memory.wake_at = step.wake_at
+            if step.wake_at is not None:
+                self.book.step_at(key, step.wake_at)
         except Exception:
             memory.vanished = memory.vanished or vanished  # decide on it again next time
             memory.second_vanished = memory.second_vanished or second_vanished
             raise
         await self._write_status(memory, owner, step.status)
 
-    def _template_overrides(self, job: StreamingJob | None, owner: resources.Owner) -> list[str]:
-        if job is None:
-            return []
+    def _derived(self, memory: JobMemory, owner: resources.Owner) -> Derived:
+        """The job's `Derived`, from the memory unless its spec (or uid) changed since."""
+        assert memory.body is not None
+        key = json.dumps([memory.body.get("spec"), dataclasses.astuple(owner)], sort_keys=True)
+        if memory.derived is not None and memory.derived[0] == key:
+            return memory.derived[1]
+        job, problems = parse(memory.body)
         settings = self.settings
-        return resources.template_overrides(job, owner, settings.driver_host, settings.api_server)
+        derived = Derived(
+            job,
+            problems,
+            resources.spec_hash(job) if job else "",
+            tuple(
+                resources.template_overrides(job, owner, settings.driver_host, settings.api_server)
+                if job
+                else ()
+            ),
+        )
+        memory.derived = (key, derived)
+        return derived
 
     async def _leader(
         self, memory: JobMemory, owner: resources.Owner, job: StreamingJob | None
@@ -431,7 +535,7 @@ class Supervisor:
         now: datetime,
     ) -> None:
         if step.restarted:
-            memory.children_for = None  # a lost driver's replacement repairs them
+            memory.applied.clear()  # a lost driver's replacement repairs them
         for pod in memory.driver_pods():
             reason = step.stop_driver or (STOP_ENDED if pod.name in step.ended_pods else None)
             if reason is not None:
@@ -443,10 +547,12 @@ class Supervisor:
             await self._create_missing(memory, job, owner, step, now)
         if step.restarted:
             metrics.DRIVER_RESTARTS.labels(owner.namespace, owner.name).inc()
-        for event in step.events:
-            await self.kube.create(
-                resources.event(owner, event.type, event.reason, event.message, now)
+        await asyncio.gather(
+            *(
+                self.kube.create(resources.event(owner, e.type, e.reason, e.message, now))
+                for e in step.events
             )
+        )
 
     async def _create_missing(
         self,
@@ -467,6 +573,8 @@ class Supervisor:
             try:
                 created = await self.kube.create(pod)
             except KubeError as error:
+                memory.applied.clear()  # the next try repairs what the pod needs
+                self.book.identities.forget(owner.namespace)
                 if error.status not in REJECTED:
                     raise
                 _reject(step, f"the API server rejected the driver pod: {error}", now)
@@ -480,15 +588,13 @@ class Supervisor:
     async def _apply_children(
         self, memory: JobMemory, job: StreamingJob, owner: resources.Owner
     ) -> None:
-        """The driver pod needs all of them: apply them unless they were applied for this very
-        spec since the operator started (the creation handler just did, for a new job), so a
-        burst of new jobs costs one round of writes each, not two; a restart (see `_act`) or
-        a spec change repairs them."""
-        fingerprint = resources.spec_hash(job)
-        if memory.children_for == fingerprint:
-            return
-        await apply_children(self.kube, resources.children(job, owner, self.settings.platform))
-        memory.children_for = fingerprint
+        """The driver pod needs all of them, and its namespace's driver identity: write those
+        not applied as they are now since the operator started (the creation handler just did,
+        for a new job), so a burst of new jobs costs one round of writes each, not two; a
+        restart (see `_act`) repairs them."""
+        await self.book.identities.ensure(self.kube, owner.namespace)
+        desired = resources.children(job, owner, self.settings.platform)
+        await sync_children(self.kube, memory, desired)
 
     async def _write_status(
         self, memory: JobMemory, owner: resources.Owner, status: JobStatus

@@ -39,9 +39,6 @@ async def test_create_sets_up_children_and_driver(operator):
     await create(operator, job_manifest())
     pod = await wait_for(lambda: current(operator, PODS, "wc-driver"))
     for resource, name in [
-        ("v1/serviceaccounts", "wc-driver"),
-        ("rbac.authorization.k8s.io/v1/roles", "wc-driver"),
-        ("rbac.authorization.k8s.io/v1/rolebindings", "wc-driver"),
         ("v1/configmaps", "wc-job"),
         ("v1/services", "wc-driver"),
         ("policy/v1/poddisruptionbudgets", "wc-driver"),
@@ -53,6 +50,9 @@ async def test_create_sets_up_children_and_driver(operator):
         assert child["metadata"]["ownerReferences"][0]["uid"] == "uid-wc"
         assert child["metadata"]["labels"]["dstream.dev/job"] == "wc"
     assert pod["spec"]["containers"][0]["command"] == ["python", "-m", "dstream.service.driver"]
+    assert pod["spec"]["serviceAccountName"] == "dstream-driver"
+    for resource in IDENTITY:  # the namespace's, owned by no job
+        assert not current(operator, resource, "dstream-driver")["metadata"].get("ownerReferences")
     status = await wait_for(lambda: status_of(operator).get("driverPod") and status_of(operator))
     assert status["phase"] == "Pending"  # not scheduled yet
     assert status["executors"] == {"ready": 0, "desired": 2}
@@ -60,6 +60,67 @@ async def test_create_sets_up_children_and_driver(operator):
     assert not current(operator, JOBS, "wc")["metadata"].get("finalizers")
     reasons = {reason for _, reason, _ in events(operator)}
     assert {"SetUp", "DriverCreated"} <= reasons
+
+
+IDENTITY = (
+    "v1/serviceaccounts",
+    "rbac.authorization.k8s.io/v1/roles",
+    "rbac.authorization.k8s.io/v1/rolebindings",
+)
+
+
+def writes(cluster, resource: str) -> int:
+    """Creates and patches sent so far for objects of `resource`."""
+    group_version, plural = resource.rsplit("/", 1)
+    return sum(
+        1
+        for verb in ("post", "patch")
+        for r in cluster[verb]
+        if f"{group_version}/namespaces/" in str(r.url.path) and f"/{plural}" in str(r.url.path)
+    )
+
+
+async def test_jobs_of_a_namespace_share_one_driver_identity(operator):
+    """Written once, by the namespace's first job: its later jobs' drivers wait for no new
+    ServiceAccount token."""
+    names = [f"job-{i}" for i in range(5)]
+    for name in names:
+        await create(operator, job_manifest(name))
+    for name in names:
+        pod = await wait_for(lambda name=name: current(operator, PODS, f"{name}-driver"))
+        assert pod["spec"]["serviceAccountName"] == "dstream-driver"
+    assert {resource: writes(operator, resource) for resource in IDENTITY} == dict.fromkeys(
+        IDENTITY, 1
+    )
+    binding = current(operator, "rbac.authorization.k8s.io/v1/rolebindings", "dstream-driver")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "dstream-driver", "namespace": "jobs"}
+    ]
+
+
+async def test_a_users_account_gets_a_binding_of_its_own(operator):
+    await create(operator, job_manifest(driver={"serviceAccountName": "analytics"}))
+    pod = await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    assert pod["spec"]["serviceAccountName"] == "analytics"
+    bindings = "rbac.authorization.k8s.io/v1/rolebindings"
+    binding = await wait_for(lambda: current(operator, bindings, "wc-driver-account"))
+    assert binding["roleRef"]["name"] == "dstream-driver"
+    assert [s["name"] for s in binding["subjects"]] == ["analytics"]
+    assert binding["metadata"]["ownerReferences"][0]["uid"] == "uid-wc"
+
+    await operator.patch(path(JOBS, "wc"), json={"spec": {"driver": {"serviceAccountName": None}}})
+    await wait_for(lambda: current(operator, bindings, "wc-driver-account") is None)
+
+
+async def test_deleting_a_job_deletes_its_driver_pod_at_once(operator):
+    """Not left to the garbage collector, which kmock, like a busy controller-manager, does
+    not run."""
+    await create(operator, job_manifest())
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await wait_for(lambda: status_of(operator).get("driverPod"))
+    await operator.delete(path(JOBS, "wc"))
+    await wait_for(lambda: current(operator, PODS, "wc-driver") is None)
+    assert current(operator, "v1/configmaps", "wc-job") is not None  # the collector's
 
 
 async def test_running_driver_reports_batches(operator, driver_api):
@@ -174,10 +235,12 @@ async def test_spec_change_restarts_driver_only_when_needed(operator):
     await wait_for(lambda: any("without restarting" in m for _, _, m in events(operator)))
     assert current(operator, PODS, "wc-driver")["metadata"] == first["metadata"]
 
+    services = writes(operator, "v1/services")
     await operator.patch(path(JOBS, "wc"), json={"spec": {"executor": {"instances": 3}}})
     await wait_for(
         lambda: "spark.executor.instances=3" in str(current(operator, PODS, "wc-driver"))
     )
+    assert writes(operator, "v1/services") == services  # only the children that changed
     assert "instances: 3" in current(operator, "v1/configmaps", "wc-job")["data"]["job.yaml"]
     budget = current(operator, "policy/v1/poddisruptionbudgets", "wc-executor")
     assert budget["spec"]["minAvailable"] == 2  # follows the instances

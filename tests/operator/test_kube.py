@@ -75,28 +75,39 @@ async def test_kubeconfig_token_is_sent_as_bearer(api_server, tmp_path, monkeypa
     assert [r.headers.get("Authorization") for r in seen] == ["Bearer s3cret"]
 
 
+async def _applied(answers: list[tuple[int, dict]], kind: str, *exists: bool) -> list[tuple]:
+    """(method, path) of the requests that applying an object once per `exists` sent."""
+    runner, url, seen = await _serve(answers)
+    kube = Kube(kubernetes.client.Configuration(host=url))
+    obj = {"apiVersion": "v1", "kind": kind, "metadata": {"name": "x", "namespace": "jobs"}}
+    try:
+        for known in exists:
+            await kube.apply(obj, exists=known)
+    finally:
+        await kube.close()
+        await runner.cleanup()
+    return [(r.method, r.path) for r in seen]
+
+
 async def test_apply_creates_again_what_vanished_between_create_and_patch():
     """Regression: a job deleted and created again found its ServiceAccount still there (409),
     the garbage collector removed it before the patch (404), and the driver pod was refused
     for want of it. `apply` now creates it anew."""
-    runner, url, seen = await _serve(
-        [(409, {"code": 409}), (404, {"code": 404}), (201, {"metadata": {"name": "sa"}})]
-    )
-    kube = Kube(kubernetes.client.Configuration(host=url))
-    account = {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": {"name": "sa", "namespace": "jobs"},
-    }
-    try:
-        await kube.apply(account)
-    finally:
-        await kube.close()
-        await runner.cleanup()
-    assert [(r.method, r.path) for r in seen] == [
+    answers = [(409, {"code": 409}), (404, {"code": 404}), (201, {"metadata": {"name": "x"}})]
+    assert await _applied(answers, "ServiceAccount", False) == [
         ("POST", "/api/v1/namespaces/jobs/serviceaccounts"),
-        ("PATCH", "/api/v1/namespaces/jobs/serviceaccounts/sa"),
+        ("PATCH", "/api/v1/namespaces/jobs/serviceaccounts/x"),
         ("POST", "/api/v1/namespaces/jobs/serviceaccounts"),
+    ]
+
+
+async def test_apply_patches_first_what_exists_and_creates_it_if_it_vanished():
+    """One round trip for a known child; a child deleted meanwhile is created again."""
+    answers = [(200, {"metadata": {"name": "x"}}), (404, {"code": 404}), (201, {})]
+    assert await _applied(answers, "ConfigMap", True, True) == [
+        ("PATCH", "/api/v1/namespaces/jobs/configmaps/x"),
+        ("PATCH", "/api/v1/namespaces/jobs/configmaps/x"),
+        ("POST", "/api/v1/namespaces/jobs/configmaps"),
     ]
 
 

@@ -110,8 +110,10 @@ def test_first_class_fields_place_and_secure_the_driver():
 
 def test_a_users_service_account_gets_the_drivers_role():
     binding = resources.role_binding(job(driver={"serviceAccountName": "analytics"}), OWNER)
-    assert [s["name"] for s in binding["subjects"]] == ["analytics", "wc-driver"]
-    assert [s["name"] for s in resources.role_binding(job(), OWNER)["subjects"]] == ["wc-driver"]
+    assert [s["name"] for s in binding["subjects"]] == ["analytics"]
+    assert binding["roleRef"]["name"] == "dstream-driver"  # the namespace's shared Role
+    assert binding["metadata"]["ownerReferences"][0]["name"] == "wc"
+    assert resources.role_binding(job(), OWNER) is None  # the shared account is bound already
 
 
 def test_the_driver_template_adds_sidecars_and_cannot_change_what_the_operator_owns():

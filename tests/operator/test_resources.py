@@ -41,9 +41,6 @@ def conf_of(pod) -> dict[str, str]:
 def test_children_are_owned_labelled_and_ordered():
     kinds = [c["kind"] for c in resources.children(job(), OWNER, Platform())]
     assert kinds == [
-        "ServiceAccount",
-        "Role",
-        "RoleBinding",
         "ConfigMap",
         "Service",
         "PodDisruptionBudget",
@@ -64,15 +61,25 @@ def test_children_are_owned_labelled_and_ordered():
         }
 
 
-def test_role_is_namespaced_and_minimal():
-    role = resources.role(OWNER)
-    assert role["kind"] == "Role"
-    (rule,) = role["rules"]
-    assert rule["apiGroups"] == [""]
-    assert rule["resources"] == ["pods", "services", "configmaps", "persistentvolumeclaims"]
-    binding = resources.role_binding(job(), OWNER)
+def test_the_drivers_of_a_namespace_share_one_minimal_identity():
+    account, role, binding = resources.driver_identity("jobs")
+    assert [o["kind"] for o in (account, role, binding)] == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+    ]
+    assert {o["metadata"]["name"] for o in (account, role, binding)} == {"dstream-driver"}
+    assert not [o for o in (account, role, binding) if "ownerReferences" in o["metadata"]]
+    pods, leases = role["rules"]  # Spark's driver, and a standby job's Lease election
+    assert pods["apiGroups"] == [""]
+    assert pods["resources"] == ["pods", "services", "configmaps", "persistentvolumeclaims"]
+    assert leases["resources"] == ["leases"] and "delete" not in leases["verbs"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"][0]["namespace"] == "jobs"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "dstream-driver", "namespace": "jobs"}
+    ]
+    kinds = {c["kind"] for c in resources.children(job(), OWNER, resources.Platform())}
+    assert not kinds & {"ServiceAccount", "Role", "RoleBinding"}  # nothing per job
 
 
 def test_service_is_headless_with_spark_api_and_ui_ports():
@@ -105,7 +112,7 @@ def test_driver_pod_runs_the_driver_cli_contract():
     ]
     assert pod["spec"]["restartPolicy"] == "Never"
     assert pod["spec"].get("automountServiceAccountToken", True)  # the API's token
-    assert pod["spec"]["serviceAccountName"] == "wc-driver"
+    assert pod["spec"]["serviceAccountName"] == "dstream-driver"
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 8000}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8000}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
@@ -315,8 +322,7 @@ def test_a_job_without_secrets_gets_no_secret_env():
 
 
 def test_the_driver_role_reads_no_secrets():
-    (rule,) = resources.role(OWNER)["rules"]
-    assert "secrets" not in rule["resources"]
+    assert not [r for r in resources.driver_rules() if "secrets" in r["resources"]]
 
 
 @pytest.mark.parametrize("policy_version", resources.POLICY_VERSIONS)

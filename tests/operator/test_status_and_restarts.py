@@ -277,8 +277,10 @@ def test_cli_scope_and_defaults():
 def test_supervisor_wakes_when_a_backoff_ends_before_the_next_tick():
     book = JobBook()
     assert book.seconds_to_wait(5.0, NOW) == 5.0
-    book.memory(("jobs", "a")).wake_at = NOW + timedelta(seconds=1.5)
-    book.memory(("jobs", "b")).wake_at = NOW + timedelta(seconds=30)
+    for name in ("a", "b"):
+        book.see_job(("jobs", name), {"metadata": {"name": name}})
+    book.step_at(("jobs", "a"), NOW + timedelta(seconds=1.5))
+    book.step_at(("jobs", "b"), NOW + timedelta(seconds=30))
     assert book.seconds_to_wait(5.0, NOW) == 1.5
     assert book.seconds_to_wait(5.0, NOW + timedelta(seconds=2)) == 0.0
 

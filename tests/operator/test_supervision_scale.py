@@ -18,15 +18,29 @@ def test_only_changed_and_due_jobs_are_stepped():
         book.see_job(("jobs", name), {"metadata": {"name": name}})
     assert book.take_due(NOW) == [("jobs", "a"), ("jobs", "b"), ("jobs", "c")]
     assert book.take_due(NOW) == []  # nothing changed, nothing due
-    book.memory(("jobs", "a")).refresh_at = NOW + timedelta(seconds=5)
-    book.memory(("jobs", "b")).wake_at = NOW + timedelta(seconds=1)
+    book.step_at(("jobs", "a"), NOW + timedelta(seconds=5))
+    book.step_at(("jobs", "b"), NOW + timedelta(seconds=1))
     book.see_executor(("jobs", "c"), _pod_facts("c-exec-1"), deleted=False)
     assert book.take_due(NOW) == [("jobs", "c")]
     assert book.seconds_to_wait(5.0, NOW) == 1.0
     assert book.take_due(NOW + timedelta(seconds=1)) == [("jobs", "b")]
-    assert book.take_due(NOW + timedelta(seconds=5)) == [("jobs", "a"), ("jobs", "b")]
+    assert book.take_due(NOW + timedelta(seconds=5)) == [("jobs", "a")]  # b's time was taken
+    assert book.seconds_to_wait(5.0, NOW + timedelta(seconds=5)) == 5.0  # none asked for
+    for name in ("a", "b"):
+        book.step_at(("jobs", name), NOW + timedelta(seconds=6))
     book.see_job(("jobs", "a"), None)
     assert book.take_due(NOW + timedelta(seconds=6)) == [("jobs", "b")]  # a is gone
+
+
+def test_a_step_replaces_the_times_asked_before():
+    book = JobBook()
+    book.see_job(("jobs", "a"), {"metadata": {"name": "a"}})
+    book.take_due(NOW)
+    book.step_at(("jobs", "a"), NOW + timedelta(seconds=1))
+    book.forget_times(("jobs", "a"))  # stepped meanwhile, for another reason
+    book.step_at(("jobs", "a"), NOW + timedelta(seconds=5))
+    assert book.seconds_to_wait(5.0, NOW) == 5.0
+    assert book.take_due(NOW + timedelta(seconds=2)) == []
 
 
 def _pod_facts(name: str):
