@@ -233,6 +233,30 @@ def test_same_program_passes_the_checker_on_a_real_job(sc, system_name, variant)
             assert batch.latency_p99_ms <= waited + 1000
 
 
+@pytest.mark.parametrize(
+    ("system_name", "variant", "workload"),
+    [
+        ("dstream", "tuned", "grep-jvm"),
+        ("pyspark.streaming", "tutorial", "grep-jvm"),
+        ("structured", "expert", "grep"),
+    ],
+)
+def test_grep_reads_the_same_lines_made_in_the_jvm_or_in_python_on_every_system(
+    sc, system_name, variant, workload
+):
+    """Grep's two inputs, each the other way round from a system's own: the DStream engines
+    given lines made in the JVM, Structured Streaming lines made in Python (mapInArrow); the
+    outputs are the reference's, and every batch's latency is measured."""
+    from bench.throughput.systems import SYSTEM_CLASSES
+
+    system = SYSTEM_CLASSES[system_name](sc, 2)
+    run = system.run(workload, variant, 400, 1, 3, timeout_s=300)
+    assert len(run.batches) == 3
+    check = check_outputs(workload, 400, 2, run.outputs, run.intervals, 3)
+    assert check.ok, check.reason
+    assert all(b.latency_p99_ms is not None for b in run.batches)
+
+
 def _progress(batch_id: int, started_ms: int, took_ms: int) -> dict:
     from datetime import UTC, datetime
 

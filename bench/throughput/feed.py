@@ -14,6 +14,12 @@ would (a pool lookup, no per-record randomness):
   batch is an interval, as in the DStream systems), the splitmix64 index computed in the JVM with
   Spark SQL's 64-bit arithmetic, and the pool joined by index as a broadcast table, so the lines
   are JVM strings from the start, as from any JVM-native source (Kafka, files).
+
+Grep runs both ways for every system, so that where lines are made is not mixed up with where
+they are filtered (`programs.JVM_LINES`): `grep` makes them in Python everywhere (Structured
+Streaming: the `rate-micro-batch` numbers turned into lines by `python_lines` in `mapInArrow`),
+`grep-jvm` in the JVM everywhere (the DStream systems: each batch's lines made by Spark SQL as
+above, `jvm_lines`, and handed to Python as any JVM source's records are).
 """
 
 from __future__ import annotations
@@ -49,6 +55,48 @@ def slice_lines(seed: int, record_bytes: int) -> Any:
             yield from lines(seed, record_bytes, partition, start, end)
 
     return generate
+
+
+def python_lines(partitions: int, seed: int, record_bytes: int) -> Any:
+    """The mapInArrow function that turns batches of (value, timestamp) rows into (line,
+    timestamp) rows, the line of sequence number `value` made in Python as the rate source's
+    tasks make it."""
+
+    def generate(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        made = load_textgen()  # not the module: cloudpickle would import it by name
+        pool = made.line_pool(seed, record_bytes)
+        for batch in batches:
+            values = batch.column("value").to_pylist()
+            lines = [pool[made.line_index(seed, v % partitions, v // partitions)] for v in values]
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(lines, pa.string()), batch.column("timestamp")], ["line", "timestamp"]
+            )
+
+    return generate
+
+
+_POOLS: dict[tuple[int, int, int], Any] = {}  # (SparkContext, seed, record_bytes) -> DataFrame
+
+
+def jvm_lines(first: int, last: int, partitions: int, seed: int, record_bytes: int) -> Any:
+    """The lines of sequence numbers [first, last) made in the JVM by Spark SQL (the pool joined
+    by index, as in Structured Streaming's input), as an RDD of Python strings: what a DStream
+    reading a JVM source gets."""
+    from operator import itemgetter
+
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as sf
+
+    spark = SparkSession.builder.getOrCreate()
+    spark.conf.set("spark.sql.ansi.enabled", "false")  # pool_index_column wraps
+    key = (id(spark.sparkContext), seed, record_bytes)
+    if key not in _POOLS:
+        _POOLS[key] = pool_frame(spark, seed, record_bytes).cache()
+    numbers = spark.range(first, last, numPartitions=partitions)
+    indexed = numbers.withColumn("idx", pool_index_column("id", partitions, seed))
+    return indexed.join(sf.broadcast(_POOLS[key]), "idx").select("line").rdd.map(itemgetter(0))
 
 
 def _signed(value: int) -> int:

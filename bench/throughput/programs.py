@@ -24,8 +24,10 @@ from typing import Any
 
 from bench.throughput.reference import GREP_PATTERN, TOP_K, WINDOW_BATCHES, word_checksum
 
-WORKLOADS = ("grep", "wordcount", "topk")
+WORKLOADS = ("grep", "grep-jvm", "wordcount", "topk")
 VARIANTS = ("tutorial", "tuned")
+GREPS = ("grep", "grep-jvm")  # the same program; its lines made in Python, or in the JVM
+JVM_LINES = ("grep-jvm",)  # the workloads whose lines every system makes in the JVM
 
 # Digests of completed batches on this driver: batch time (ms) -> digest.
 OUTPUTS: dict[int, Any] = {}
@@ -65,7 +67,7 @@ def grep_counts(lines: Any, variant: str) -> Any:
 
 def build(workload: str, variant: str, lines: Any, batch_s: float = 1) -> None:
     """The program: `workload` in `variant` on `lines`, its digest recorded per batch."""
-    if workload == "grep":
+    if workload in GREPS:
         grep_counts(lines, variant).foreachRDD(recorder(grep_digest))
     else:
         digest = count_digest if workload == "wordcount" else top_digest

@@ -27,7 +27,7 @@ from bench.throughput.search import RateSearch
 from bench.throughput.systems import SYSTEM_CLASSES
 from bench.throughput.trial import BUSY, Verdict, percentile
 
-START_RATES = {"grep": 200_000, "wordcount": 50_000, "topk": 50_000}
+START_RATES = {"grep": 200_000, "grep-jvm": 200_000, "wordcount": 50_000, "topk": 50_000}
 CORES = 2  # the workers' local[2]
 CEILING_LINES, CEILING_ROUNDS = 200_000, 2
 

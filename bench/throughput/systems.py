@@ -152,6 +152,10 @@ class DStreamSystem(System):
         def setup() -> Any:
             ssc = StreamingContext(self.sc, self.batch_ms / 1000)
             lines = ssc.rateStream(rate, self.partitions, SEED, RECORD_BYTES)
+            if workload in programs.JVM_LINES:  # its batches' times and latency stay the rate's
+                origin: dict[str, int | None] = {"ms": None}
+                made = interval_lines(rate, self.partitions, origin, self.batch_ms, in_jvm=True)
+                lines = lines.transform(made)
             programs.build(workload, variant, lines, self.batch_ms / 1000)
             return ssc
 
@@ -203,7 +207,8 @@ class LegacySystem(System):
         def setup() -> Any:
             ssc = StreamingContext(self.sc, batch_ms / 1000)
             ssc.checkpoint(checkpoint)
-            lines = legacy_rate_lines(ssc, rate, self.partitions, origin, batch_ms)
+            in_jvm = workload in programs.JVM_LINES
+            lines = legacy_rate_lines(ssc, rate, self.partitions, origin, batch_ms, in_jvm)
             programs.build(workload, variant, lines, batch_ms / 1000)
             return ssc
 
@@ -220,11 +225,15 @@ class LegacySystem(System):
 
 
 def legacy_rate_lines(
-    ssc: Any, rate: int, partitions: int, origin: dict[str, Any], batch_ms: int = 1000
+    ssc: Any,
+    rate: int,
+    partitions: int,
+    origin: dict[str, Any],
+    batch_ms: int = 1000,
+    in_jvm: bool = False,
 ) -> Any:
-    """The rate source's lines as a pyspark.streaming DStream: the batch at time T holds interval
-    k = (T - origin) / batch_ms, the origin being one interval before the first batch. The origin is kept in the
-    transform function's closure, which the checkpoint saves, so a restarted driver goes on."""
+    """The rate source's lines as a pyspark.streaming DStream: a constant input stream whose
+    batches `interval_lines` turns into the interval's lines."""
     from pyspark.streaming.dstream import DStream
 
     sc = ssc.sparkContext
@@ -235,17 +244,30 @@ def legacy_rate_lines(
     )
     java_stream = sc._jvm.org.apache.spark.streaming.api.java.JavaDStream(constant, jrdd.classTag())
     ticks = DStream(java_stream, ssc, tick._jrdd_deserializer)
+    return ticks.transform(interval_lines(rate, partitions, origin, batch_ms, in_jvm))
+
+
+def interval_lines(
+    rate: int, partitions: int, origin: dict[str, Any], batch_ms: int, in_jvm: bool
+) -> Callable[[Any, Any], Any]:
+    """The transform function whose batch at time T is the lines of interval
+    k = (T - origin) / batch_ms, the origin being one interval before the first batch: made in
+    tasks as `RateInputDStream._read` makes them, or (`in_jvm`) by Spark SQL. The origin is kept
+    in the closure, which a checkpoint saves, so a restarted driver goes on."""
     generate = feed.slice_lines(SEED, RECORD_BYTES)
 
-    def interval_lines(time: Any, rdd: Any) -> Any:
+    def lines_of_interval(time: Any, rdd: Any) -> Any:
         time_ms = round(time.timestamp() * 1000)
         if origin["ms"] is None:
             origin["ms"] = time_ms - batch_ms
         k = (time_ms - origin["ms"]) // batch_ms
+        if in_jvm:
+            first, last = rate * (k - 1) * batch_ms // 1000, rate * k * batch_ms // 1000
+            return feed.jvm_lines(first, last, partitions, SEED, RECORD_BYTES)
         slices = feed.batch_slices(rate, partitions, k, batch_ms)
         return rdd.context.parallelize(slices, partitions).mapPartitionsWithIndex(generate)
 
-    return ticks.transform(interval_lines)
+    return lines_of_interval
 
 
 def scheduled_latency(
@@ -334,10 +356,11 @@ class StructuredSystem(System):
         self._rate = 0
         self._wall_clock = False
 
-    def lines(self, rate: int, start_ms: int, wall_clock: bool) -> Any:
+    def lines(self, rate: int, start_ms: int, wall_clock: bool, in_jvm: bool = True) -> Any:
         """The records as (line, timestamp) rows. Trials use `rate-micro-batch` (exactly one
         interval per micro-batch, like the DStream systems); recovery runs use `rate`, whose
-        rows keep arriving by the wall clock while the driver is down, as the others' do."""
+        rows keep arriving by the wall clock while the driver is down, as the others' do.
+        Lines made in the JVM (the pool joined by index), or in Python (`feed.python_lines`)."""
         from pyspark.sql import functions as sf
 
         reader = self.spark.readStream.option("numPartitions", self.partitions)
@@ -353,6 +376,9 @@ class StructuredSystem(System):
                 .option("advanceMillisPerBatch", self.batch_ms)
                 .load()
             )
+        if not in_jvm:
+            made = feed.python_lines(self.partitions, SEED, RECORD_BYTES)
+            return source.mapInArrow(made, "line string, timestamp timestamp")
         indexed = source.withColumn("idx", feed.pool_index_column("value", self.partitions, SEED))
         return indexed.join(sf.broadcast(self.pool), "idx").select("line", "timestamp")
 
@@ -372,8 +398,9 @@ class StructuredSystem(System):
         )
         expert = variant == "expert"
         start_ms = (int(time.time()) - 60) * 1000  # whole seconds: window ends are aligned
-        lines = self.lines(rate, start_ms, wall_clock)
-        if workload == "grep":
+        in_jvm = workload not in programs.GREPS or workload in programs.JVM_LINES
+        lines = self.lines(rate, start_ms, wall_clock, in_jvm)
+        if workload in programs.GREPS:
             line = sf.col("line")
             matches = lines.where(
                 line.contains(GREP_PATTERN) if expert else line.rlike(GREP_PATTERN)
@@ -402,7 +429,7 @@ class StructuredSystem(System):
         return self._query.stop
 
     def output_lag(self, workload: str, variant: str) -> int:
-        return self.OUTPUT_LAG if variant == "expert" and workload != "grep" else 0
+        return self.OUTPUT_LAG if variant == "expert" and workload not in programs.GREPS else 0
 
     def interval(self, key: int) -> int:
         return key + 1  # batch id b holds rows [b * rows, (b + 1) * rows): interval b + 1

@@ -20,6 +20,7 @@ from typing import Any
 from pyspark import SparkContext
 
 from bench.common import DAEMONS, PARTITIONS, emit, spark_conf
+from bench.throughput import programs
 from bench.throughput.reference import check_outputs
 from bench.throughput.systems import SYSTEM_CLASSES, System
 from bench.throughput.trial import judge
@@ -33,7 +34,7 @@ def timeout_for(batches: int) -> float:
 def restricted_output(system: str, variant: str, workload: str) -> bool:
     """Structured Streaming's plain formulation outputs, in update mode, the window's counts of
     the words its micro-batch updated only."""
-    return system == "structured" and variant == "plain" and workload != "grep"
+    return system == "structured" and variant == "plain" and workload not in programs.GREPS
 
 
 def run_trial(system: System, command: dict[str, Any]) -> dict[str, Any]:
