@@ -10,6 +10,7 @@ numbered by input interval k (batch k holds interval k's records, `feed`).
   stream transformed into the same per-batch RDD (a slice list, lines made in tasks).
 - Structured Streaming runs its two formulations (`plain`, `expert`) on the `rate-micro-batch`
   source joined with the same line pool.
+Grep's lines are made in Python (`grep`) or in the JVM (`grep-jvm`) for every system (`feed`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ WORKLOADS = programs.WORKLOADS
 class Batch:
     """One completed batch; times in ms. `time_ms` ends the interval whose records it holds.
     The latency percentiles are over its records, from each record's scheduled arrival to the
-    batch's end (None where the system's records have no measured latency: Structured)."""
+    end of the batch that output it (None where that is not known)."""
 
     time_ms: int
     records: int
