@@ -70,3 +70,16 @@ def final_failure(ssc: StreamingContext, timeout_s: float = 60) -> BatchFailedEr
         except Exception:
             continue
     raise AssertionError(f"no BatchFailedError within {timeout_s} s")
+
+
+def assert_stamped_between(source, records: int, before_ms: int, after_ms: int) -> None:
+    """A source whose records were stamped between before_ms and after_ms: a batch 5 s later,
+    read twice, reports each record once, aged by its stamp, and its ages are taken once."""
+    batch_ms = after_ms + 5000
+    planned = source.plan(batch_ms, None)
+    rdd = source.compute(batch_ms)
+    assert len(rdd.collect()) == records and rdd.count() == records
+    ages = source.record_ages(batch_ms, planned)
+    assert ages is not None and sum(ages.values()) == records
+    assert all(batch_ms - after_ms <= age <= batch_ms - before_ms for age in ages)
+    assert source.record_ages(batch_ms, planned) is None  # taken once

@@ -90,9 +90,9 @@ def jvm_lines(first: int, last: int, partitions: int, seed: int, record_bytes: i
     from pyspark.sql import functions as sf
 
     spark = SparkSession.builder.getOrCreate()
-    spark.conf.set("spark.sql.ansi.enabled", "false")  # pool_index_column wraps
     key = (id(spark.sparkContext), seed, record_bytes)
-    if key not in _POOLS:
+    if key not in _POOLS:  # once per context, not per batch
+        spark.conf.set("spark.sql.ansi.enabled", "false")  # pool_index_column wraps
         _POOLS[key] = pool_frame(spark, seed, record_bytes).cache()
     numbers = spark.range(first, last, numPartitions=partitions)
     indexed = numbers.withColumn("idx", pool_index_column("id", partitions, seed))

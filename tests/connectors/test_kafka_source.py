@@ -18,7 +18,7 @@ from dstream.sources import SourceError
 from dstream.spec import KafkaSource, SpecError, parse_job, password_env
 from kafka_server import SASL_PASSWORD, SASL_USER, produce, transaction, wait_until_stable
 from running_driver import manifest, run_until_exit
-from streams import run_batches
+from streams import assert_stamped_between, run_batches
 
 
 @pytest.fixture
@@ -139,14 +139,7 @@ def test_each_record_is_measured_from_its_kafka_timestamp_once_however_often_rea
     produce(kafka_server.bootstrap, topic, [f"s{i}" for i in range(30)])
     after_ms = int(time.time() * 1000)
     source = source_for(ssc, kafka_server, topic)
-    batch_ms = after_ms + 5000
-    planned = source.plan(batch_ms, None)
-    rdd = source.compute(batch_ms)
-    assert len(rdd.collect()) == 30 and rdd.count() == 30
-    ages = source.record_ages(batch_ms, planned)
-    assert ages is not None and sum(ages.values()) == 30
-    assert all(batch_ms - after_ms <= age <= batch_ms - before_ms for age in ages)
-    assert source.record_ages(batch_ms, planned) is None  # taken once
+    assert_stamped_between(source, 30, before_ms, after_ms)
 
 
 def test_an_open_transaction_is_not_planned_until_it_ends(ssc, kafka_server):

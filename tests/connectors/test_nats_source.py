@@ -18,6 +18,7 @@ from dstream.runtime.clock import ManualClock
 from dstream.sources import SourceError
 from dstream.spec import password_env
 from servers import NatsServer
+from streams import assert_stamped_between
 
 
 def publish(url: str, stream: str, messages: list[tuple[str, str]], create: bool = False) -> None:
@@ -202,11 +203,4 @@ def test_each_message_is_measured_from_its_stored_timestamp_once_however_often_r
     stream = new_stream(nats_server.url, [f"m{i}" for i in range(20)])
     after_ms = int(time.time() * 1000)
     source = source_for(ssc, nats_server.url, stream)
-    batch_ms = after_ms + 5000
-    planned = source.plan(batch_ms, None)
-    rdd = source.compute(batch_ms)
-    assert len(rdd.collect()) == 20 and rdd.count() == 20
-    ages = source.record_ages(batch_ms, planned)
-    assert ages is not None and sum(ages.values()) == 20
-    assert all(batch_ms - after_ms <= age <= batch_ms - before_ms for age in ages)
-    assert source.record_ages(batch_ms, planned) is None  # taken once
+    assert_stamped_between(source, 20, before_ms, after_ms)
