@@ -4,7 +4,8 @@
 #   1. the image, built offline from the Dockerfile (e2e/image/build.sh; cached);
 #   2. the cluster: e2e/cluster/local.sh up --real-node (containerd, kubelet, kube-proxy);
 #   3. the image loaded into the node's containerd (e2e/image/load.sh);
-#   4. python -m e2e.chaos against it, checkpoint and output on a hostPath of this machine;
+#   4. python -m e2e.chaos against it, checkpoint and output on a hostPath of this machine, then
+#      its Kafka scenario (e2e/chaos/kafka.py), the broker on this machine's bridge address;
 #   5. the cluster down again (every process by PID, bridge, netns, state), also on failure.
 #
 # Environment:
@@ -19,6 +20,8 @@ readonly PYTHON="${ROOT}/.venv/bin/python"
 readonly DATA="${DSTREAM_E2E_DATA:-/tmp/dstream-e2e-data}"
 readonly IMAGE=dstream:e2e # the tag e2e/image/build.sh gives the image
 readonly REPORT="${DATA}/last-report.json"
+# This machine's address on the pods' bridge (cni0): the Kafka scenario's broker listens there.
+readonly POD_BRIDGE=10.244.0.1
 # Pods reach the API server through the `kubernetes` Service's ClusterIP (kube-proxy); there is
 # no cluster DNS for kubernetes.default.svc. The kubelet expands these variables in the driver pod.
 # shellcheck disable=SC2016
@@ -53,7 +56,7 @@ main() {
   # shellcheck disable=SC2086
   "${PYTHON}" -m e2e.chaos --kubeconfig "${KUBECONFIG}" --kubectl "$(command -v kubectl)" \
     --image "${IMAGE}" --host-path "${DATA}" --api-server "${API_SERVER}" \
-    --report "${REPORT}" ${DSTREAM_E2E_ARGS:-}
+    --report "${REPORT}" --kafka-host "${POD_BRIDGE}" ${DSTREAM_E2E_ARGS:-}
   step "passed; figures in ${REPORT}"
 }
 

@@ -4,14 +4,18 @@ The jars come from `.ci/install-kafka` (Maven Central, cached; `make test` runs 
 fixture runs it again, which is instant once cached, to learn where they are). Storage is
 formatted once under the test's directory and kept across `restart()`, which is how the tests
 restart the broker mid-run. Two client listeners: PLAINTEXT on `port` and SASL_PLAINTEXT (PLAIN,
-user `alice`, password `alice-secret`) on `sasl_port`, for the login tests.
+user `alice`, password `alice-secret`) on `sasl_port`, for the login tests. With `outside_host`
+a third plaintext listener, OUTSIDE on `outside_port` of that address, serves clients that cannot
+reach this machine's loopback (the chaos e2e's pods reach the host on the pod bridge).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import uuid
+from collections import Counter
 from pathlib import Path
 
 from confluent_kafka import (
@@ -44,10 +48,12 @@ def kafka_libs() -> Path:
 class KafkaServer(Server):
     """One KRaft node on free loopback ports; `format()` once before the first `start()`."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, outside_host: str | None = None):
         super().__init__(directory)
         self.controller_port = free_port()
         self.sasl_port = free_port()
+        self.outside_host = outside_host
+        self.outside_port = free_port()
         self.libs = kafka_libs()
         self.config = directory / "server.properties"
 
@@ -59,7 +65,24 @@ class KafkaServer(Server):
     def sasl_bootstrap(self) -> str:
         return f"127.0.0.1:{self.sasl_port}"
 
+    @property
+    def outside_bootstrap(self) -> str:
+        return f"{self.outside_host}:{self.outside_port}"
+
+    def client_listeners(self) -> dict[str, str]:
+        """Listener name -> address, for `listeners` and `advertised.listeners` alike."""
+        listeners = {
+            "PLAINTEXT": self.bootstrap,
+            "SASL_PLAINTEXT": self.sasl_bootstrap,
+        }
+        if self.outside_host is not None:
+            listeners["OUTSIDE"] = self.outside_bootstrap
+        return listeners
+
     def properties(self) -> dict[str, str]:
+        clients = ",".join(
+            f"{name}://{address}" for name, address in self.client_listeners().items()
+        )
         jaas = (
             "org.apache.kafka.common.security.plain.PlainLoginModule required "
             f'user_{SASL_USER}="{SASL_PASSWORD}";'
@@ -68,15 +91,12 @@ class KafkaServer(Server):
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},"
-            f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port},"
-            f"CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},"
-            f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}",
+            "listeners": f"{clients},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": clients,
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,"
-            "SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT,OUTSIDE:PLAINTEXT",
             "sasl.enabled.mechanisms": "PLAIN",
             "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
             "log.dirs": str(self.directory / "data"),
@@ -255,3 +275,13 @@ def read_range(bootstrap: str, topic: str, partition: int, start: int, until: in
     finally:
         consumer.close()
     return found
+
+
+def word_totals(bootstrap: str, topic: str) -> tuple[Counter[str], set[str]]:
+    """The per-word sums of a word-count job's committed output (a lost batch makes one smaller,
+    a doubled one larger), and the driver epochs its messages carry."""
+    messages = read_all(bootstrap, topic)
+    totals: Counter[str] = Counter()
+    for message in messages:
+        totals[message.key().decode()] += json.loads(message.value())
+    return totals, {dict(m.headers())["dstream-epoch"].decode() for m in messages}

@@ -19,6 +19,7 @@ from typing import Any
 
 from e2e.chaos.cluster import DEADLINE, Cluster, install_operator, operator_selector
 from e2e.chaos.faults import Chaos, Target
+from e2e.chaos.kafka import KafkaScenario, write_report
 from e2e.chaos.observer import Observer
 from e2e.chaos.storage import CHECKPOINT, OUTPUT, ClaimStorage, HostPathStorage, Storage
 from e2e.chaos.verify import Input, Verdict, verify
@@ -60,6 +61,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--deadline-seconds", type=float, default=1800, help="whole-suite limit")
     parser.add_argument("--report", type=Path, help="also write the figures as JSON here")
     parser.add_argument("--keep", action="store_true", help="leave the job and operator running")
+    parser.add_argument(
+        "--kafka-host",
+        help="also run the Kafka scenario (e2e/chaos/kafka.py), its broker on this address of "
+        "this machine, which pods must reach (the offline cluster's bridge, 10.244.0.1)",
+    )
     args = parser.parse_args(argv)
     if not args.kubeconfig:
         parser.error("--kubeconfig (or KUBECONFIG) is required")
@@ -246,13 +252,41 @@ def main(argv: list[str] | None = None) -> int:
     if failure is not None:
         verdict.problems.append(f"the run stopped early: {failure}")
     report(chaos, verdict, snapshot.max_drivers, args.report)
+    exact = verdict.exact
     if not args.keep:
-        say("removing the job and the operator")
+        say("removing the job")
         cluster.delete([manifest])
         storage.release()
+    if args.kafka_host:
+        exact = run_kafka(cluster, args, manifest["spec"]) and exact
+    if not args.keep:
+        say("removing the operator")
         cluster.delete(installed)
-    say(f"{'PASS' if verdict.exact else 'FAIL'} in {time.monotonic() - started:.0f} s")
-    return 0 if verdict.exact else 1
+    say(f"{'PASS' if exact else 'FAIL'} in {time.monotonic() - started:.0f} s")
+    return 0 if exact else 1
+
+
+def run_kafka(cluster: Cluster, args: argparse.Namespace, spec: dict[str, Any]) -> bool:
+    """The Kafka scenario under the same operator, with the main job's pods; needs a host path."""
+    if not args.host_path:
+        say("kafka: FAIL: the Kafka scenario needs --host-path")
+        return False
+    pods = {k: spec[k] for k in ("image", "imagePullPolicy", "driver", "executor", "sparkConf")}
+    scenario = KafkaScenario(
+        cluster,
+        args.namespace,
+        args.operator_namespace,
+        RELEASE,
+        LEASE,
+        args.kafka_host,
+        args.host_path,
+        args.local_path or Path(args.host_path),
+        {**pods, "restartPolicy": spec["restartPolicy"]},
+    )
+    verdict = scenario.run(say)
+    if args.report:
+        write_report(verdict, args.report.with_name("kafka-report.json"))
+    return verdict.exact
 
 
 if __name__ == "__main__":

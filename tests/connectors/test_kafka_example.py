@@ -7,13 +7,12 @@ every example)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from pathlib import Path
 
 import yaml
-from kafka_server import produce, read_all
+from kafka_server import produce, word_totals
 from running_driver import Driver
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "kafka-wordcount.yaml"
@@ -32,16 +31,6 @@ def pointed_at(bootstrap: str, root: Path) -> tuple[Path, dict]:
     return manifest, spec
 
 
-def counted(bootstrap: str, topic: str) -> tuple[Counter[str], set[str]]:
-    """The per-word sums of the committed output (a lost batch makes one smaller, a doubled
-    one larger), and the epochs its messages carry."""
-    messages = read_all(bootstrap, topic)
-    totals: Counter[str] = Counter()
-    for message in messages:
-        totals[message.key().decode()] += json.loads(message.value())
-    return totals, {dict(m.headers())["dstream-epoch"].decode() for m in messages}
-
-
 def test_the_kafka_wordcount_example_runs_with_dstream_run(kafka_server, tmp_path):
     manifest, spec = pointed_at(kafka_server.bootstrap, tmp_path)
     (source_topic,) = spec["source"]["kafka"]["topics"]
@@ -55,11 +44,11 @@ def test_the_kafka_wordcount_example_runs_with_dstream_run(kafka_server, tmp_pat
     driver.start()
     try:
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        found, epochs = counted(kafka_server.bootstrap, sink_topic)
+        found, epochs = word_totals(kafka_server.bootstrap, sink_topic)
         while found.total() < reference.total() and time.monotonic() < deadline:
             assert driver.alive(), f"dstream run exited:\n{driver.output()}"
             time.sleep(0.5)  # polling the output until it holds every word, or the deadline
-            found, epochs = counted(kafka_server.bootstrap, sink_topic)
+            found, epochs = word_totals(kafka_server.bootstrap, sink_topic)
     finally:
         if driver.alive():
             assert driver.terminate(60) == 0
