@@ -102,6 +102,11 @@ class InputDStream(DStream):
         the source has one partition or cannot tell."""
         return {}
 
+    def lost_by_partition(self) -> dict[str, int]:
+        """Records this driver skipped as lost (a range removed before it was read, under
+        onDataLoss: skip) per source partition; {} when none were or the source cannot lose."""
+        return {}
+
     def position(self) -> Any:
         """Source state a restarted driver needs beyond the ranges (JSON-able)."""
         return None

@@ -182,13 +182,16 @@ def test_retention_of_a_recorded_range_stops_the_job_naming_it(sc, kafka_server)
         again.compute(1000).collect()
 
 
-def test_retention_before_planning_fails_or_with_skip_is_counted(ssc, kafka_server):
+def test_retention_before_planning_fails_or_with_skip_is_counted_and_logged(
+    ssc, kafka_server, caplog
+):
     from confluent_kafka import TopicPartition
 
     topic = new_topic(kafka_server)
     produce(kafka_server.bootstrap, topic, [f"x{i}" for i in range(20)])
     failing = source_for(ssc, kafka_server, topic)
     skipping = source_for(ssc, kafka_server, topic, onDataLoss="skip")
+    metrics = StreamingMetrics("lossjob", ssc, state_keys_interval_s=3600)
     failing.plan(1000, 5)
     skipping.plan(1000, 5)
     admin = kafka_server.admin()
@@ -197,7 +200,9 @@ def test_retention_before_planning_fails_or_with_skip_is_counted(ssc, kafka_serv
         failing.plan(2000, None)
     planned = skipping.plan(2000, None)
     assert planned["lost"] == [[topic, 0, 5, 12]]
-    assert skipping.lost_records == 7
+    labels = {"job": "lossjob", "source": skipping.name, "partition": f"{topic}-0"}
+    assert metrics.registry.get_sample_value("dstream_source_records_lost_total", labels) == 7
+    assert f"skipped (onDataLoss: skip): {topic}-0 offsets [5, 12) was removed" in caplog.text
     assert skipping.compute(2000).collect() == [f"x{i}" for i in range(12, 20)]
 
 

@@ -26,6 +26,7 @@ import json
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -96,7 +97,7 @@ class KafkaInputDStream(InputDStream):
         self._pattern = re.compile(settings.topic_pattern) if settings.topic_pattern else None
         self._positions: dict[Partition, int] = {}
         self._malformed = ssc.sparkContext.accumulator(0)
-        self.lost_records = 0
+        self._lost: Counter[str] = Counter()  # records skipped per topic-partition
         self._connect()
         # at start, one attempt: a job pointed at the wrong servers should say so at once
         self._starts = self._starting_positions(self._partitions(patience=0, at_start=True), 0)
@@ -229,6 +230,9 @@ class KafkaInputDStream(InputDStream):
             return self._positions[partition]
         return self._starts.get(partition, bounds[0])
 
+    def lost_by_partition(self) -> dict[str, int]:
+        return dict(self._lost)
+
     def backlog_by_partition(self) -> dict[str, int]:
         try:  # a metrics scrape must not wait out a broker restart
             partitions = self._partitions(patience=0)
@@ -298,7 +302,8 @@ class KafkaInputDStream(InputDStream):
                 f"kafka data loss: {described} {why}; the job stops rather than skip input "
                 "(raise the topic's retention, or set onDataLoss: skip to count and skip it)"
             )
-        self.lost_records += sum(b - a for _t, _p, a, b in lost)
+        for topic, partition, start, until in lost:
+            self._lost[partition_name((topic, partition))] += until - start
         log.warning("kafka data loss skipped (onDataLoss: skip): %s %s", described, why)
 
     def _advance_past(self, planned: Any) -> None:

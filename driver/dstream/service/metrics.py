@@ -346,6 +346,12 @@ class LiveCollector(Collector):
             "lag per partition.",
             labels=[*per_source, "partition"],
         )
+        lost = CounterMetricFamily(
+            "dstream_source_records_lost",
+            "Records of a source partition skipped because they were removed (retention, "
+            "deletion) before the job read them, under onDataLoss: skip; since the driver started.",
+            labels=[*per_source, "partition"],
+        )
         pending = GaugeMetricFamily(
             "dstream_pending_batches",
             "Batch times due (or recovered from the checkpoint) and not yet started.",
@@ -382,9 +388,21 @@ class LiveCollector(Collector):
             pending.add_metric([job], scheduler.pending_batches())
             for kind, count in recovery_counts(scheduler.recovery).items():
                 recoveries.add_metric([job, kind], count)
+        for source in self._ssc.input_streams:  # counted when planning or replaying
+            for partition, records in source.lost_by_partition().items():
+                lost.add_metric([job, source.name, partition], records)
         for stream, keys in sorted(self._state_keys.counts.items()):
             state.add_metric([job, stream], keys)
-        yield from (rate, *pid.values(), backlog, partition_backlog, pending, recoveries, state)
+        yield from (
+            rate,
+            *pid.values(),
+            backlog,
+            partition_backlog,
+            lost,
+            pending,
+            recoveries,
+            state,
+        )
 
 
 def state_keys_interval(ssc: StreamingContext) -> float:
