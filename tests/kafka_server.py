@@ -3,10 +3,14 @@
 The jars come from `.ci/install-kafka` (Maven Central, cached; `make test` runs it first, and the
 fixture runs it again, which is instant once cached, to learn where they are). Storage is
 formatted once under the test's directory and kept across `restart()`, which is how the tests
-restart the broker mid-run. Two client listeners: PLAINTEXT on `port` and SASL_PLAINTEXT (PLAIN,
-user `alice`, password `alice-secret`) on `sasl_port`, for the login tests. With `outside_host`
-a third plaintext listener, OUTSIDE on `outside_port` of that address, serves clients that cannot
-reach this machine's loopback (the chaos e2e's pods reach the host on the pod bridge).
+restart the broker mid-run. Client listeners: PLAINTEXT on `port`; for the security tests,
+SASL_PLAINTEXT (PLAIN and SCRAM-SHA-512) on `sasl_port`, SSL on `ssl_port` and SASL_SSL
+(SCRAM-SHA-512) on `sasl_ssl_port`, all with user `alice`, password `alice-secret`. `format()`
+makes a CA and the broker's certificate for 127.0.0.1 with openssl (`ca_file` is the CA a client
+trusts) and stores the SCRAM credential as KRaft does (`kafka-storage format --add-scram`). With
+`outside_host` one more plaintext listener, OUTSIDE on `outside_port` of that address, serves
+clients that cannot reach this machine's loopback (the chaos e2e's pods reach the host on the
+pod bridge).
 """
 
 from __future__ import annotations
@@ -45,6 +49,43 @@ def kafka_libs() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+def make_certificates(directory: Path) -> None:
+    """A CA (ca.pem) and the broker's key and certificate for IP 127.0.0.1, signed by it, in
+    one PEM file as Kafka's PEM keystore takes it (broker.pem: an unencrypted PKCS#8 key, then
+    the certificate)."""
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=directory)
+
+    new_key = "-newkey rsa:2048 -nodes".split()
+    openssl(
+        "req",
+        "-x509",
+        *new_key,
+        "-subj",
+        "/CN=dstream test CA",
+        "-days",
+        "2",
+        *"-keyout ca.key -out ca.pem".split(),
+    )
+    openssl(
+        "req",
+        "-new",
+        *new_key,
+        "-subj",
+        "/CN=127.0.0.1",
+        *"-keyout broker.key -out broker.csr".split(),
+    )
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl(
+        *"x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2".split(),
+        *"-extfile san.ext -out broker.crt".split(),
+    )
+    key, certificate = (directory / name for name in ("broker.key", "broker.crt"))
+    (directory / "broker.pem").write_text(key.read_text() + certificate.read_text())
+
+
 class KafkaServer(Server):
     """One KRaft node on free loopback ports; `format()` once before the first `start()`."""
 
@@ -52,6 +93,8 @@ class KafkaServer(Server):
         super().__init__(directory)
         self.controller_port = free_port()
         self.sasl_port = free_port()
+        self.ssl_port = free_port()
+        self.sasl_ssl_port = free_port()
         self.outside_host = outside_host
         self.outside_port = free_port()
         self.libs = kafka_libs()
@@ -66,6 +109,18 @@ class KafkaServer(Server):
         return f"127.0.0.1:{self.sasl_port}"
 
     @property
+    def ssl_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.ssl_port}"
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.sasl_ssl_port}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.directory / "tls" / "ca.pem"
+
+    @property
     def outside_bootstrap(self) -> str:
         return f"{self.outside_host}:{self.outside_port}"
 
@@ -74,6 +129,8 @@ class KafkaServer(Server):
         listeners = {
             "PLAINTEXT": self.bootstrap,
             "SASL_PLAINTEXT": self.sasl_bootstrap,
+            "SSL": self.ssl_bootstrap,
+            "SASL_SSL": self.sasl_ssl_bootstrap,
         }
         if self.outside_host is not None:
             listeners["OUTSIDE"] = self.outside_bootstrap
@@ -83,10 +140,11 @@ class KafkaServer(Server):
         clients = ",".join(
             f"{name}://{address}" for name, address in self.client_listeners().items()
         )
-        jaas = (
+        plain = (
             "org.apache.kafka.common.security.plain.PlainLoginModule required "
             f'user_{SASL_USER}="{SASL_PASSWORD}";'
         )
+        scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
         return {
             "process.roles": "broker,controller",
             "node.id": "1",
@@ -96,9 +154,17 @@ class KafkaServer(Server):
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,"
-            "SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT,OUTSIDE:PLAINTEXT",
-            "sasl.enabled.mechanisms": "PLAIN",
-            "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
+            "SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT,"
+            "OUTSIDE:PLAINTEXT",
+            "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
+            "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": plain,
+            "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": scram,
+            "listener.name.sasl_ssl.sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": scram,
+            # the key and its certificate chain in one PEM file (see make_certificates)
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(self.directory / "tls" / "broker.pem"),
             "log.dirs": str(self.directory / "data"),
             "num.partitions": "1",
             "offsets.topic.replication.factor": "1",
@@ -115,13 +181,16 @@ class KafkaServer(Server):
         }
 
     def format(self) -> None:
-        """Write the configuration and format the storage (Kafka's `kafka-storage format`)."""
+        """Make the certificates, write the configuration and format the storage with the SCRAM
+        credential (Kafka's `kafka-storage format --add-scram`)."""
+        make_certificates(self.directory / "tls")
         self.config.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         done = subprocess.run(
             # `=`: a random ID may start with "-", which would read as an option
             [*self.java(), "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}"]
-            + ["--config", str(self.config)],
+            + ["--config", str(self.config)]
+            + ["--add-scram", f"SCRAM-SHA-512=[name={SASL_USER},password={SASL_PASSWORD}]"],
             capture_output=True,
             text=True,
             timeout=120,
