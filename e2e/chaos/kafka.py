@@ -4,9 +4,9 @@ A real broker runs on this machine (tests/kafka_server.py: the jars of .ci/insta
 free ports) with one listener on the pod bridge's address, which the pods reach. A feeder writes
 numbered lines into the example's input topic for the whole run; the example's StreamingJob
 reads them and writes its word counts to its output topic in Kafka transactions while an executor
-pod and the driver pod are deleted. Each line carries a word of its own (`seqN`), so the committed
-counts, read back with read_committed, tell record by record what was lost or doubled: every
-word's total must equal its count in what the feeder had acknowledged.
+pod and the driver pod are deleted. Each line ends with a word of its own (`seqN`), so the
+committed counts, read back with read_committed, tell record by record what was lost or doubled,
+and every other word's total must equal its count in what the feeder had acknowledged.
 
 The job is the example file with only what this cluster needs changed: the brokers' address
 (both `bootstrapServers`), the image, the checkpoint on the suite's shared volume, the suite's
@@ -109,12 +109,16 @@ def job_manifest(
     return document
 
 
-def compare(fed: list[str], found: Counter[str]) -> tuple[int, int]:
-    """(lost, duplicated) word occurrences of the committed totals against the fed lines."""
-    reference = Counter(word for text in fed for word in text.split())
-    lost = sum(max(0, n - found[word]) for word, n in reference.items())
-    duplicated = sum(max(0, n - reference[word]) for word, n in found.items())
-    return lost, duplicated
+def compare(fed: list[str], found: Counter[str]) -> tuple[int, int, list[str]]:
+    """Lost and duplicated records of the committed totals against the fed lines: a line whose
+    own word (`seqN`) was counted 0 times is lost, n > 1 times is n - 1 duplicates. Also the
+    other words whose totals differ from the fed ones (a shared word off, a line never fed)."""
+    own = Counter(text.split()[-1] for text in fed)
+    lost = sum(1 for word in own if found[word] == 0)
+    duplicated = sum(max(0, found[word] - 1) for word in own)
+    reference = Counter(word for text in fed for word in text.split()[:-1])
+    wrong = sorted(w for w in (reference | found).keys() - own if found[w] != reference[w])
+    return lost, duplicated, wrong
 
 
 def drain(broker: KafkaServer, topic: str, fed: list[str]) -> tuple[Counter[str], set[str]]:
@@ -186,7 +190,9 @@ class KafkaScenario:
         say(f"kafka: fed {len(feeder.lines)} lines; waiting for their counts in {sink_topic}")
         totals, epochs = drain(broker, sink_topic, feeder.lines)
         verdict.records = len(feeder.lines)
-        verdict.lost, verdict.duplicated = compare(feeder.lines, totals)
+        verdict.lost, verdict.duplicated, wrong = compare(feeder.lines, totals)
+        if wrong:
+            verdict.problems.append(f"totals differing from the input's: {wrong[:10]}")
         verdict.epochs = sorted(epochs)
         if observer.snapshot().max_drivers > 1:
             verdict.problems.append(f"{observer.snapshot().max_drivers} live driver pods at once")
