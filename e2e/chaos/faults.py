@@ -10,8 +10,8 @@ Figures (seconds):
   holder) is killed (deleted with no grace period, as a crash or a lost node would end it), and
   the standby takes over once the Lease expires: from the kill to the standby holding the Lease,
   to its first committed batch, and to a batch on schedule again; the new leader's recovery
-  timeline (lead taken, state restored) is read from its log. Before each kill the standby is
-  warm (its log says so), as the operator's replacement of the last victim must be first;
+  timeline (lead taken, state restored) is read from its log; then the operator must replace
+  the victim (a new pod running). Before each kill the standby is warm (its log says so);
 - with a standby, the pair's loss: both driver pods deleted at once, so the job's restart path
   applies as without a standby (measured as a driver loss);
 - operator loss: from the deletion of the leading operator's pod (the chart runs two, one
@@ -305,6 +305,13 @@ class Chaos:
             snapshot.commits[back] - killed_at,
             f"batch {back} delay {snapshot.delay(back):.1f} s",
         )
+
+        def replaced() -> bool:
+            pods = self.cluster.job_pods(t.namespace, t.job, "driver")
+            others = [p for p in pods if p.metadata.name != successor_name]
+            return any(p.metadata.uid != uid and p.status.phase == "Running" for p in others)
+
+        wait_for(f"the operator replacing {name}", replaced, timeout_s, every_s=1)
 
     def _warm_standby(self, leader: str) -> str | None:
         """The job's other live driver pod once its log says it is warm and following."""
