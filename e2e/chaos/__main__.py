@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=4,
         help="with --standby: the job Lease's duration (spark.dstream.lease.durationSeconds)",
     )
-    parser.add_argument("--driver-kills", type=int, default=2)
+    parser.add_argument("--driver-kills", type=int, default=1)
     parser.add_argument(
         "--pair-kills",
         type=int,

@@ -7,8 +7,9 @@ Figures (seconds):
   deletion until a batch started after it committed on schedule again;
 - driver loss: from the deletion to the first batch committed by the new driver;
 - with a standby (`driver.standby`), the leader's loss: the leading driver pod (the job Lease's
-  holder) is killed (deleted with no grace period, as a crash or a lost node would end it), and
-  the standby takes over once the Lease expires: from the kill to the standby holding the Lease,
+  holder) is deleted with no grace period (the API object goes at once; the kubelet still sends
+  SIGTERM and kills 2 s later, so a leader that releases the Lease in that time hands over at
+  once, else the standby takes over once the Lease expires): from the kill to the standby holding the Lease,
   to its first committed batch, and to a batch on schedule again; the new leader's recovery
   timeline (lead taken, state restored) is read from its log; then the operator must replace
   the victim (a new pod running). Before each kill the standby is warm (its log says so);
