@@ -171,6 +171,12 @@ class PodSettings(PodModel):
     cores_limit: str | None = Field(
         None, pattern=CPU_PATTERN, description="CPU limit, e.g. 2 or 1500m; unset: none."
     )
+    cores_request: str | None = Field(
+        None,
+        pattern=CPU_PATTERN,
+        description="CPU request, e.g. 250m, when the pod should reserve less (or more) than "
+        "`cores`, as a mostly idle standby driver does; unset: `cores`.",
+    )
     pod_template: PodTemplate | None = None
 
     @model_validator(mode="after")
@@ -179,8 +185,15 @@ class PodSettings(PodModel):
         if self.cores_limit is not None and cores is not None:
             if cpu_cores(self.cores_limit) < cores:
                 raise ValueError(f"coresLimit {self.cores_limit} is below cores ({cores})")
+        if self.cores_limit is not None and self.cores_request is not None:
+            if cpu_cores(self.cores_limit) < cpu_cores(self.cores_request):
+                raise ValueError(
+                    f"coresLimit {self.cores_limit} is below coresRequest {self.cores_request}"
+                )
         return self
 
     def customised(self) -> bool:
-        """Whether any pod customisation field is set (beyond cores, memory, instances)."""
-        return bool(self.model_dump(exclude_defaults=True, include=set(PodSettings.model_fields)))
+        """Whether any pod customisation field is set (beyond cores, memory, instances and the
+        CPU request, which the pod's generated resources carry)."""
+        fields = set(PodSettings.model_fields) - {"cores_request"}
+        return bool(self.model_dump(exclude_defaults=True, include=fields))

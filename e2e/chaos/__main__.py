@@ -1,8 +1,9 @@
 """python -m e2e.chaos --kubeconfig K --image IMAGE (--host-path DIR | --storage-class SC)
 
 Installs the operator from helm/dstream, runs the wordtotals StreamingJob (2 executors,
-checkpoint and output on shared storage), deletes executor, driver and operator pods while it
-runs, then checks the committed output against the reference and prints the figures.
+checkpoint and output on shared storage; by default with a standby driver), deletes executor,
+driver and operator pods while it runs, then checks the committed output against the reference
+and prints the figures.
 Exit status 0 only if lost=0 and duplicated=0 and every batch matched.
 """
 
@@ -29,6 +30,7 @@ CHART = ROOT / "helm" / "dstream"
 JOB = "wordtotals"
 RELEASE = "dstream"
 LEASE = RELEASE  # the chart's leader Lease is named after its full name, here the release
+LEASE_DURATION = "spark.dstream.lease.durationSeconds"  # the job Lease's, with a standby
 SOURCE = Input(seed=7, record_bytes=60, partitions=2)
 
 
@@ -56,7 +58,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-seconds", type=int, default=6)
     parser.add_argument("--rate", type=int, default=100, help="records per second")
     parser.add_argument("--executor-kills", type=int, default=3)
+    parser.add_argument(
+        "--standby",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the job with driver.standby: the driver kills kill the leader, and the "
+        "standby takes over",
+    )
+    parser.add_argument(
+        "--lease-seconds",
+        type=int,
+        default=4,
+        help="with --standby: the job Lease's duration (spark.dstream.lease.durationSeconds)",
+    )
     parser.add_argument("--driver-kills", type=int, default=1)
+    parser.add_argument(
+        "--pair-kills",
+        type=int,
+        default=1,
+        help="with --standby: deletions of both drivers at once (the restart path)",
+    )
     parser.add_argument("--operator-kills", type=int, default=1)
     parser.add_argument("--deadline-seconds", type=float, default=1800, help="whole-suite limit")
     parser.add_argument("--report", type=Path, help="also write the figures as JSON here")
@@ -117,16 +138,21 @@ def job_manifest(args: argparse.Namespace, storage: Storage) -> dict[str, Any]:
             },
             "sink": {"type": "files", "files": {"path": OUTPUT}},
             "checkpoint": {"path": CHECKPOINT, "interval": f"{3 * batch}s"},
-            "driver": {"cores": 1, "memory": "512m"},
-            "executor": {"instances": 2, "cores": 1, "memory": "512m"},
+            "driver": {
+                "cores": 1,
+                "memory": "512m",
+                "coresRequest": "250m",  # two drivers and their executors fit 2 cores
+                "standby": args.standby,
+            },
+            "executor": {"instances": 2, "cores": 1, "memory": "512m", "coresRequest": "100m"},
             "image": args.image,
             "imagePullPolicy": "IfNotPresent",
             "volumes": [storage.volume()],
             "sparkConf": {
-                "spark.kubernetes.executor.request.cores": "100m",
                 "spark.default.parallelism": "2",
                 "spark.ui.enabled": "false",
-            },
+            }
+            | ({LEASE_DURATION: str(args.lease_seconds)} if args.standby else {}),
             "restartPolicy": {"type": "Always", "maxRestarts": 10, "backoffSeconds": 1},
         },
     }
@@ -147,8 +173,15 @@ def run_faults(chaos: Chaos, args: argparse.Namespace) -> None:
         chaos.lose_executor(300)
         chaos.settle(2, 300)
     for n in range(args.driver_kills):
-        say(f"driver loss {n + 1}/{args.driver_kills}")
-        chaos.lose_driver(600)
+        say(f"driver loss {n + 1}/{args.driver_kills}{' (the leader)' if args.standby else ''}")
+        if args.standby:
+            chaos.lose_leader(600)
+        else:
+            chaos.lose_driver(600)
+        chaos.settle(2, 300)
+    for n in range(args.pair_kills if args.standby else 0):
+        say(f"loss of both drivers {n + 1}/{args.pair_kills}")
+        chaos.lose_pair(600)
         chaos.settle(2, 300)
     for n in range(args.operator_kills):
         say(f"operator loss {n + 1}/{args.operator_kills} (then a driver loss it must handle)")
@@ -161,7 +194,10 @@ def diagnose(cluster: Cluster, args: argparse.Namespace) -> None:
     commands = [
         ["get", "pods", "--all-namespaces", "-o", "wide"],
         ["get", "streamingjob", JOB, "-n", args.namespace, "-o", "yaml"],
-        ["logs", "-n", args.namespace, f"{JOB}-driver", "--tail", "60"],
+        *(
+            ["logs", "-n", args.namespace, pod, "--tail", "60"]
+            for pod in [f"{JOB}-driver", f"{JOB}-driver-2"][: 2 if args.standby else 1]
+        ),
         ["logs", "-n", args.operator_namespace, "-l", operator_selector(RELEASE), "--tail", "40"],
     ]
     for command in commands:
@@ -222,7 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     say(f"applying StreamingJob {JOB}")
     cluster.apply([manifest])
     target = Target(
-        args.namespace, JOB, 2, args.batch_seconds, args.operator_namespace, RELEASE, LEASE
+        args.namespace,
+        JOB,
+        2,
+        args.batch_seconds,
+        args.operator_namespace,
+        RELEASE,
+        LEASE,
+        args.standby,
     )
     chaos = Chaos(cluster, observer, target)
     failure = None
@@ -239,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     verdict = verify(
         SOURCE, snapshot, storage.batch_outputs(), args.batch_seconds * 1000, window_ms
     )
-    if snapshot.max_drivers > 1:
+    drivers = 2 if args.standby else 1
+    if snapshot.max_drivers > drivers:
         verdict.problems.append(f"{snapshot.max_drivers} live driver pods at once")
     status = cluster.streaming_job(args.namespace, JOB).get("status") or {}
     if failure is None and status.get("restarts") != chaos.faults.get("driver", 0):

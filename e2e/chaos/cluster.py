@@ -131,9 +131,17 @@ class Cluster:
     def job_pods(self, namespace: str, job: str, role: str) -> list[client.V1Pod]:
         return self.pods(namespace, f"{JOB_LABEL}={job},{ROLE_LABEL}={role}")
 
-    def delete_pod(self, namespace: str, name: str) -> None:
-        """Delete with the pod's own grace period, as `kubectl delete pod` does."""
-        self.core.delete_namespaced_pod(name, namespace)
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        """Delete with the pod's own grace period, as `kubectl delete pod` does, or with
+        `grace_seconds` (0: killed at once, as a crash would end it)."""
+        self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_seconds)
+
+    def pod_log(self, namespace: str, name: str) -> str:
+        """The pod's log so far; empty while it has none to give."""
+        try:
+            return self.core.read_namespaced_pod_log(name, namespace)
+        except ApiException:
+            return ""
 
     def streaming_job(self, namespace: str, name: str) -> dict[str, Any]:
         return self.custom.get_namespaced_custom_object(

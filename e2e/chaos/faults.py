@@ -6,6 +6,15 @@ Figures (seconds):
   running or started before the job was back on schedule (the spike), and the time from the
   deletion until a batch started after it committed on schedule again;
 - driver loss: from the deletion to the first batch committed by the new driver;
+- with a standby (`driver.standby`), the leader's loss: the leading driver pod (the job Lease's
+  holder) is deleted with no grace period (the API object goes at once; the kubelet still sends
+  SIGTERM and kills 2 s later, so a leader that releases the Lease in that time hands over at
+  once, else the standby takes over once the Lease expires): from the kill to the standby holding the Lease,
+  to its first committed batch, and to a batch on schedule again; the new leader's recovery
+  timeline (lead taken, state restored) is read from its log; then the operator must replace
+  the victim (a new pod running). Before each kill the standby is warm (its log says so);
+- with a standby, the pair's loss: both driver pods deleted at once, so the job's restart path
+  applies as without a standby (measured as a driver loss);
 - operator loss: from the deletion of the leading operator's pod (the chart runs two, one
   elected through a Lease) to the standby holding the Lease (it is then watching and acting:
   failover); the job keeps committing meanwhile, and the new leader must replace a driver
@@ -14,12 +23,20 @@ Figures (seconds):
 
 from __future__ import annotations
 
+import math
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
 
+from kubernetes import client
+
 from e2e.chaos.cluster import Cluster, pod_ready, wait_for
 from e2e.chaos.observer import Observer, Snapshot
+
+# The driver's log lines that the standby faults read (dstream.runtime.recovery, .timeline).
+WARM_STANDBY = "standby: warm, following"
+_TIMELINE = re.compile(r"recovery timeline: phase=(\w+) at=([0-9.]+)")
 
 
 @dataclass(frozen=True)
@@ -31,6 +48,18 @@ class Target:
     operator_namespace: str
     release: str
     lease: str  # the operators' leader Lease, in operator_namespace (the chart's full name)
+    standby: bool = False  # the job runs two drivers (driver.standby), elected by driver_lease
+
+    @property
+    def driver_lease(self) -> str:
+        """The job's Lease, in namespace, held by its leading driver (operator: lease_name)."""
+        return f"{self.job}-driver"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank `q` quantile (0 < q <= 1): a value that was measured."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 @dataclass
@@ -47,7 +76,8 @@ class Figures:
 
     def summary(self) -> list[str]:
         return [
-            f"{kind}: count={len(v)} median={statistics.median(v):.1f}s max={max(v):.1f}s"
+            f"{kind}: count={len(v)} p50={statistics.median(v):.1f}s "
+            f"p90={percentile(v, 0.9):.1f}s max={max(v):.1f}s"
             for kind, v in self.values.items()
         ]
 
@@ -67,8 +97,24 @@ class Chaos:
         return self.observer.snapshot()
 
     def ready_executors(self) -> list[str]:
+        """The ready executors of the leading driver (with a standby, the Lease's holder: the
+        standby's own executors run no batch)."""
         pods = self.cluster.job_pods(self.target.namespace, self.target.job, "executor")
-        return sorted(p.metadata.name for p in pods if pod_ready(p))
+        owner = self.leader() if self.target.standby else None
+        return sorted(
+            p.metadata.name
+            for p in pods
+            if pod_ready(p) and (owner is None or _owned_by(p, owner[1]))
+        )
+
+    def leader(self) -> tuple[str, str] | None:
+        """(name, uid) of the driver pod holding the job's Lease (a standby job's)."""
+        t = self.target
+        holder = self.cluster.lease_holder(t.namespace, t.driver_lease)
+        if not holder or "/" not in holder:
+            return None
+        name, uid = holder.split("/", 1)
+        return name, uid
 
     def wait_until_running(self, timeout_s: float) -> None:
         """The job's phase is Running, all executors are ready, and batches commit."""
@@ -193,10 +239,17 @@ class Chaos:
         self.cluster.delete_pod(t.namespace, name)
         self.count("driver")
         print(f"- deleted driver pod {name}", flush=True)
+        self._await_new_driver({uid}, deleted_at, kind, timeout_s)
+
+    def _await_new_driver(
+        self, old_uids: set[str], deleted_at: float, kind: str, timeout_s: float
+    ) -> None:
+        """Measure from the deletion to the first batch a driver created after it committed."""
+        t = self.target
 
         def new_driver_started() -> float | None:
             for pod in self.cluster.job_pods(t.namespace, t.job, "driver"):
-                if pod.metadata.uid != uid and pod.status.start_time:
+                if pod.metadata.uid not in old_uids and pod.status.start_time:
                     return pod.status.start_time.timestamp()
             return None
 
@@ -215,6 +268,82 @@ class Chaos:
             f"{snapshot.delay(first):.1f} s",
         )
         self.wait_until_running(timeout_s)
+
+    def lose_leader(self, timeout_s: float, kind: str = "standby takeover") -> None:
+        """Kill the leading driver of a standby job; see the module docstring."""
+        t = self.target
+        name, uid = wait_for("a driver holding the job's Lease", self.leader, timeout_s)
+        standby = wait_for("a warm standby", lambda: self._warm_standby(name), timeout_s, 2)
+        killed_at = time.time()
+        self.cluster.delete_pod(t.namespace, name, grace_seconds=0)
+        self.count("leader")
+        print(f"- killed the leading driver pod {name}; {standby} stands by", flush=True)
+
+        def successor() -> tuple[str, float] | None:
+            holder = self.leader()
+            return (holder[0], time.time()) if holder and holder[1] != uid else None
+
+        successor_name, taken = wait_for(
+            "another driver holding the job's Lease", successor, timeout_s, every_s=0.2
+        )
+        first = wait_for(
+            f"the first batch committed by {successor_name}",
+            lambda: self.snapshot().committed_after(taken),
+            timeout_s,
+        )[0]
+        back = self.on_schedule_after(killed_at, timeout_s, f"killing {name}")
+        snapshot = self.snapshot()
+        phases = self._timeline(successor_name)
+        after = ", ".join(f"{p} +{at - killed_at:.1f} s" for p, at in phases.items())
+        self.figures.add(
+            f"{kind}: first batch",
+            snapshot.commits[first] - killed_at,
+            f"{successor_name} held the Lease after {taken - killed_at:.1f} s; batch {first}; "
+            f"{after}",
+        )
+        self.figures.add(
+            f"{kind}: back on schedule",
+            snapshot.commits[back] - killed_at,
+            f"batch {back} delay {snapshot.delay(back):.1f} s",
+        )
+
+        def replaced() -> bool:
+            pods = self.cluster.job_pods(t.namespace, t.job, "driver")
+            others = [p for p in pods if p.metadata.name != successor_name]
+            return any(p.metadata.uid != uid and p.status.phase == "Running" for p in others)
+
+        wait_for(f"the operator replacing {name}", replaced, timeout_s, every_s=1)
+
+    def _warm_standby(self, leader: str) -> str | None:
+        """The job's other live driver pod once its log says it is warm and following."""
+        t = self.target
+        for pod in self.cluster.job_pods(t.namespace, t.job, "driver"):
+            if pod.metadata.name != leader and pod.status.phase == "Running":
+                if WARM_STANDBY in self.cluster.pod_log(t.namespace, pod.metadata.name):
+                    return pod.metadata.name
+        return None
+
+    def _timeline(self, pod: str) -> dict[str, float]:
+        """The recovery phases a driver logged after taking the lead (unix seconds)."""
+        found = dict(_TIMELINE.findall(self.cluster.pod_log(self.target.namespace, pod)))
+        phases = ("lead_taken", "state_restored", "replayed", "on_schedule")
+        return {phase: float(found[phase]) for phase in phases if phase in found}
+
+    def lose_pair(self, timeout_s: float) -> None:
+        """Delete both drivers of a standby job at once: the restart path, as without one."""
+        t = self.target
+        pods = [
+            p
+            for p in self.cluster.job_pods(t.namespace, t.job, "driver")
+            if not p.metadata.deletion_timestamp
+        ]
+        uids = {p.metadata.uid for p in pods}
+        deleted_at = time.time()
+        for pod in pods:
+            self.cluster.delete_pod(t.namespace, pod.metadata.name)
+        self.count("driver")
+        print(f"- deleted both driver pods {[p.metadata.name for p in pods]}", flush=True)
+        self._await_new_driver(uids, deleted_at, "both drivers lost: restart", timeout_s)
 
     def lose_operator(self, timeout_s: float) -> None:
         t = self.target
@@ -236,7 +365,10 @@ class Chaos:
             lambda: len(self.snapshot().committed_after(deleted_at)) >= 2,
             timeout_s,
         )
-        self.lose_driver(timeout_s, kind="driver recovery under the new operator")
+        if t.standby:
+            self.lose_leader(timeout_s, kind="standby takeover under the new operator")
+        else:
+            self.lose_driver(timeout_s, kind="driver recovery under the new operator")
 
     def settle(self, batches: int, timeout_s: float) -> None:
         """`batches` more batches on schedule (delay at most the baseline plus one interval), so
@@ -250,3 +382,8 @@ class Chaos:
             return sum(1 for t in done if snapshot.delay(t) <= limit) >= batches
 
         wait_for(f"{batches} batches on schedule", settled, timeout_s)
+
+
+def _owned_by(pod: client.V1Pod, uid: str) -> bool:
+    """Whether `pod` (an executor) belongs to the driver pod `uid` (Spark sets the owner)."""
+    return any(ref.uid == uid for ref in pod.metadata.owner_references or [])

@@ -9,7 +9,8 @@ drivers hold it themselves, runtime/kube_lease.py). The pair is planned as one d
 leader, with two differences: a pod that ends while the other lives is replaced at once and
 counts no restart (the job did not stop: the survivor leads, or goes on standing by), and a
 pod missing beside a live one is created. When both are gone the job's restartPolicy applies as
-to a single driver; a spec change or a suspension stops both.
+to a single driver; a spec change or a suspension stops both. A pod of the two that keeps
+dying is replaced under the restart backoff from its second replacement on (`DriverRoles`).
 """
 
 from __future__ import annotations
@@ -377,20 +378,48 @@ def _plan_pair(seen: Observation) -> Plan:
         vanished = next((p for p in ended if p not in present), None)
         vanished = vanished or seen.vanished or seen.second_vanished
         step = _plan_driver(dataclasses.replace(seen, driver=view, vanished=vanished))
+    roles = _roles(seen, living)
     if lead is not None and standby and len(present) < 2 and _keeps_running(step):
-        step.create_driver = True
-    step.status = step.status.model_copy(update={"driver": _roles(seen, living)})
+        roles = _replace_when_due(seen, step, roles)
+    step.status = step.status.model_copy(update={"driver": roles})
     return step
+
+
+def _replace_when_due(seen: Observation, step: Plan, roles: DriverRoles) -> DriverRoles:
+    """Create the missing pod of the two now, or once its backoff has passed."""
+    count, due = _next_replacement(seen, roles)
+    if due is not None and seen.now < due:
+        step.wake_at = min(step.wake_at or due, due)
+        return roles
+    step.create_driver = True
+    return roles.model_copy(update={"replacements": count + 1, "last_replaced_time": seen.now})
+
+
+def _next_replacement(seen: Observation, roles: DriverRoles) -> tuple[int, datetime | None]:
+    """The replacements counted so far (none once the last is older than the restart policy's
+    resetAfterSeconds) and when the next may be created: at once the first time (None), then
+    the restart backoff after the last replacement, so a pod that keeps dying is not recreated
+    in a tight loop while the other lives."""
+    assert seen.job is not None
+    policy = seen.job.spec.restart_policy
+    last = roles.last_replaced_time
+    count = 0 if restarts.stable_since(policy, last, seen.now) else roles.replacements
+    if last is None or not count:
+        return count, None
+    return count, last + timedelta(seconds=restarts.backoff_seconds(policy, count))
 
 
 def _replace_lost(seen: Observation, lead: PodFacts, ended: list[PodFacts], step: Plan) -> None:
     """One of the two drivers ended while the other lives: remove it, and (once its name is
-    free) create it again, counting no restart."""
+    free, and its backoff passed) create it again, counting no restart."""
+    _, due = _next_replacement(seen, seen.status.driver or DriverRoles())
+    when = f"in {(due - seen.now).total_seconds():.0f} s" if due and due > seen.now else "now"
     for pod in ended:
         if pod in (seen.driver, seen.second):
             step.ended_pods.append(pod.name)
         message = (
-            f"{_end_of(pod)}; {lead.name} {_role_after(seen, lead, pod)}; replacing {pod.name} now"
+            f"{_end_of(pod)}; {lead.name} {_role_after(seen, lead, pod)}; replacing {pod.name} "
+            f"{when}"
         )
         step.events.append(Event("Warning", "DriverLost", message))
 
@@ -417,4 +446,5 @@ def _roles(seen: Observation, living: list[PodFacts]) -> DriverRoles:
     names = [p.name for p in living]
     leader = seen.leader if seen.leader in names else None
     standby = next((n for n in names if n != leader), None) if leader else None
-    return DriverRoles(leader=leader, standby=standby)
+    earlier = seen.status.driver or DriverRoles()
+    return earlier.model_copy(update={"leader": leader, "standby": standby})

@@ -552,6 +552,8 @@ def _executor_template_conf(job: StreamingJob) -> dict[str, str]:
         conf["spark.kubernetes.executor.podTemplateContainerName"] = EXECUTOR_CONTAINER
     if executor.cores_limit is not None:  # Spark sets the executor's CPU limit from this
         conf["spark.kubernetes.executor.limit.cores"] = executor.cores_limit
+    if executor.cores_request is not None:  # and its CPU request from this
+        conf["spark.kubernetes.executor.request.cores"] = executor.cores_request
     return conf
 
 
@@ -780,7 +782,10 @@ def _generated_driver_pod(
             {"name": "http-spark-ui", "containerPort": UI_PORT},
         ],
         "resources": {
-            "requests": {"cpu": str(spec.driver.cores), "memory": memory},
+            "requests": {
+                "cpu": spec.driver.cores_request or str(spec.driver.cores),
+                "memory": memory,
+            },
             "limits": {"memory": memory},
         },
         "startupProbe": _http_probe("/healthz", period=5, failures=60),

@@ -56,6 +56,14 @@ class DriverRoles(StatusModel):
 
     leader: str | None = None
     standby: str | None = None
+    replacements: int = Field(
+        0,
+        ge=0,
+        description="Pods of the two replaced while the other lived, since the last replacement "
+        "older than restartPolicy.resetAfterSeconds; from the second on, a replacement waits "
+        "the restart backoff, so a pod that keeps dying is not recreated in a tight loop.",
+    )
+    last_replaced_time: datetime | None = None
 
 
 class JobStatus(StatusModel):

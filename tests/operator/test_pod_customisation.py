@@ -165,6 +165,25 @@ def test_executors_get_a_spark_pod_template_from_the_jobs_config_map():
     assert conf["spark.kubernetes.executor.limit.cores"] == "1500m"
 
 
+def test_a_cpu_request_below_cores_reserves_less_for_either_role():
+    spec_job = job(
+        driver={"cores": 1, "coresRequest": "250m", "standby": True},
+        executor={"coresRequest": "100m"},
+    )
+    for name in resources.driver_pod_names(spec_job, OWNER):
+        pod = resources.driver_pod(spec_job, OWNER, "service", pod=name)
+        assert containers(pod)["driver"]["resources"]["requests"]["cpu"] == "250m"
+        conf = conf_of(pod)
+        assert conf["spark.driver.cores"] == "1"  # what Spark plans with is unchanged
+        assert conf["spark.kubernetes.executor.request.cores"] == "100m"
+    assert resources.executor_pod_template(spec_job) is None  # Spark's conf carries it
+    default = containers(resources.driver_pod(job(), OWNER, "service"))["driver"]
+    assert default["resources"]["requests"]["cpu"] == "1"
+    assert "spark.kubernetes.executor.request.cores" not in conf_of(
+        resources.driver_pod(job(), OWNER, "service")
+    )
+
+
 def test_executors_without_customisation_get_no_template():
     assert resources.executor_pod_template(job()) is None
     assert list(resources.config_map(job(), OWNER)["data"]) == ["job.yaml"]
@@ -178,6 +197,8 @@ def test_executors_without_customisation_get_no_template():
     [
         ({"cores": 2, "coresLimit": "1500m"}, "coresLimit 1500m is below cores (2)"),
         ({"coresLimit": "lots"}, "driver.coresLimit"),
+        ({"coresLimit": "1", "coresRequest": "1500m"}, "coresLimit 1 is below coresRequest 1500m"),
+        ({"coresRequest": "0.25c"}, "driver.coresRequest"),
         ({"podTemplate": {"spec": {"nodeSelectr": {}}}}, "driver.podTemplate.spec.nodeSelectr"),
         ({"tolerations": [{"effect": "Sometimes"}]}, "driver.tolerations[0].effect"),
         ({"podTemplate": {"spec": {"containers": [{"image": "x"}]}}}, "containers[0].name"),

@@ -5,6 +5,7 @@ server (tests/k8s/test_driver_lease.py)."""
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import pytest
 from dstream.runtime import kube_lease
@@ -14,6 +15,7 @@ from dstream_operator import reconcile, resources, status
 from dstream_operator.resources import Owner, Platform
 from dstream_operator.status import JobStatus, PodFacts
 
+from tests.operator.test_status_and_restarts import NOW
 from tests.operator.test_status_and_restarts import seen as seen_one
 
 OWNER = Owner("wc", "jobs", "uid-wc")
@@ -141,6 +143,39 @@ def test_a_killed_leader_is_replaced_at_once_without_counting_a_restart():
     )
     assert after.create_driver and not after.events and not after.restarted
     assert (after.status.driver.leader, after.status.driver.standby) == (SECOND, None)
+
+
+def test_a_pod_of_the_two_that_keeps_dying_is_replaced_under_the_restart_backoff():
+    """restartPolicy: backoffSeconds 10, resetAfterSeconds 600 (the defaults)."""
+    lost = dict(second=pod(SECOND, ready=True), vanished=pod(FIRST), leader=SECOND)
+    first = reconcile.plan(seen(**lost))
+    assert first.create_driver and first.status.driver.replacements == 1
+    soon = first.status
+    assert soon.driver.last_replaced_time == NOW
+    again = reconcile.plan(seen(**lost, current=soon))  # lost again at once: wait 10 s
+    assert not again.create_driver and again.wake_at == NOW + timedelta(seconds=10)
+    assert again.status.driver.replacements == 1
+    killed = pod(FIRST, phase="Failed", exit_code=1)
+    ended = reconcile.plan(seen(driver=killed, second=lost["second"], leader=SECOND, current=soon))
+    assert ended.events[0].message.endswith(f"replacing {FIRST} in 10 s")
+    later = soon.model_copy(
+        update={
+            "driver": soon.driver.model_copy(
+                update={"last_replaced_time": NOW - timedelta(seconds=10)}
+            )
+        }
+    )
+    due = reconcile.plan(seen(**lost, current=later))
+    assert due.create_driver and due.status.driver.replacements == 2
+    stable = later.model_copy(
+        update={
+            "driver": later.driver.model_copy(
+                update={"replacements": 5, "last_replaced_time": NOW - timedelta(seconds=600)}
+            )
+        }
+    )
+    reset = reconcile.plan(seen(**lost, current=stable))  # a long run since: at once again
+    assert reset.create_driver and reset.status.driver.replacements == 1
 
 
 def test_the_loss_of_the_lease_holder_says_the_other_takes_over():

@@ -201,11 +201,17 @@ def validate_job(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def configure_logging() -> None:
+    """The driver's own progress at INFO (the takeover, the recovery timeline), py4j's chatter
+    not."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    configure_logging()
     args = parser().parse_args(argv)
     if args.command == "validate":
         return validate_job(args)

@@ -10,10 +10,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from dstream.service.cli import add_run_arguments, run_job
+from dstream.service.cli import add_run_arguments, configure_logging, run_job
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    configure_logging()  # else the pod's log has none of the driver's progress below WARNING
     parser = argparse.ArgumentParser(prog="python -m dstream.service.driver", description=__doc__)
     add_run_arguments(parser, default_master=None)
     return run_job(parser.parse_args(argv))
