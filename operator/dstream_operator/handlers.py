@@ -19,6 +19,7 @@ from typing import Any
 import kopf
 
 from dstream_operator import resources
+from dstream_operator.diffbase import JobDiffBaseStorage
 from dstream_operator.kube import Kube
 from dstream_operator.metrics import counted
 from dstream_operator.reconcile import STOP_JOB_DELETION
@@ -45,7 +46,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     """Keep kopf's bookkeeping in annotations (the status schema is ours and pruned), post only
     our own decisions and kopf's warnings as Events, and start the supervisor."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="dstream.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = JobDiffBaseStorage(
         prefix="dstream.dev", key="last-handled-configuration"
     )
     settings.persistence.finalizer = FINALIZER
@@ -74,7 +75,6 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 async def set_up(
     body: kopf.Body,
     meta: kopf.Meta,
-    patch: kopf.Patch,
     memo: kopf.Memo,
     logger: logging.Logger,
     **_: Any,
@@ -99,7 +99,6 @@ async def set_up(
             message="ConfigMap, Service, PodDisruptionBudgets and the UI Ingress (if "
             f"configured) in place; the driver runs as {resources.driver_service_account(job)}",
         )
-        patch.status["observedGeneration"] = meta.get("generation")
 
 
 @kopf.on.update(*JOBS, field="spec")
@@ -109,7 +108,6 @@ async def spec_changed(
     new: Any,
     body: kopf.Body,
     meta: kopf.Meta,
-    patch: kopf.Patch,
     memo: kopf.Memo,
     logger: logging.Logger,
     **_: Any,
@@ -139,7 +137,6 @@ async def spec_changed(
     else:
         message = "applied without restarting the driver"
     kopf.event(body, type="Normal", reason="SpecChanged", message=message)
-    patch.status["observedGeneration"] = meta.get("generation")
 
 
 def deletes_checkpoint(spec: kopf.Spec, **_: Any) -> bool:

@@ -426,6 +426,7 @@ class Supervisor:
         self.book.step_at(key, refresh_slot(key, self.settings.interval_seconds, datetime.now(UTC)))
         owner = owner_of(memory.body)
         derived = self._derived(memory, owner)
+        generation = memory.body["metadata"].get("generation")  # of the spec derived from
         job = derived.job
         vanished, memory.vanished = memory.vanished, None
         second_vanished, memory.second_vanished = memory.second_vanished, None
@@ -455,7 +456,8 @@ class Supervisor:
             memory.vanished = memory.vanished or vanished  # decide on it again next time
             memory.second_vanished = memory.second_vanished or second_vanished
             raise
-        await self._write_status(memory, owner, step.status)
+        status = step.status.model_copy(update={"observed_generation": generation})
+        await self._write_status(memory, owner, status)
 
     def _derived(self, memory: JobMemory, owner: resources.Owner) -> Derived:
         """The job's `Derived`, from the memory unless its spec (or uid) changed since."""
