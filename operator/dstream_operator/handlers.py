@@ -17,15 +17,17 @@ import logging
 from typing import Any
 
 import kopf
+from dstream.spec import StreamingJob
 
 from dstream_operator import resources
-from dstream_operator.diffbase import JobDiffBaseStorage
+from dstream_operator.diffbase import MemoryDiffBaseStorage, ProgressAnnotations, uid_of
 from dstream_operator.kube import Kube
 from dstream_operator.metrics import counted
 from dstream_operator.reconcile import STOP_JOB_DELETION
 from dstream_operator.status import PodFacts, pod_facts
 from dstream_operator.supervisor import (
     JobBook,
+    JobKey,
     Supervisor,
     owner_of,
     parse,
@@ -43,12 +45,11 @@ WAIT_SECONDS = 3
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Keep kopf's bookkeeping in annotations (the status schema is ours and pruned), post only
-    our own decisions and kopf's warnings as Events, and start the supervisor."""
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="dstream.dev")
-    settings.persistence.diffbase_storage = JobDiffBaseStorage(
-        prefix="dstream.dev", key="last-handled-configuration"
-    )
+    """Keep kopf's handler progress in annotations (the status schema is ours and pruned) and
+    its diff base in memory (`diffbase`), post only our own decisions and kopf's warnings as
+    Events, and start the supervisor."""
+    settings.persistence.progress_storage = ProgressAnnotations(prefix="dstream.dev")
+    memo.diffbase = settings.persistence.diffbase_storage = MemoryDiffBaseStorage()
     settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING
     # Filter pods on the API server: a handler's `labels=` only filters what kopf has already
@@ -99,6 +100,40 @@ async def set_up(
             message="ConfigMap, Service, PodDisruptionBudgets and the UI Ingress (if "
             f"configured) in place; the driver runs as {resources.driver_service_account(job)}",
         )
+        if changed_unseen(body):
+            announce_change(body, key, memo, job, changed=None)
+
+
+def changed_unseen(body: kopf.Body) -> bool:
+    """The spec changed while no operator ran: the status was written for an older
+    generation. (kopf's diff base is kept in memory, `diffbase`, so kopf calls the creation
+    handler, not the update handler, for every job an operator finds when it starts.)"""
+    observed = (body.get("status") or {}).get("observedGeneration")
+    return observed is not None and observed < (body["metadata"].get("generation") or 0)
+
+
+def announce_change(
+    body: kopf.Body, key: JobKey, memo: kopf.Memo, job: StreamingJob, changed: list[str] | None
+) -> None:
+    """Say what a spec change will do, with the fields that restart the driver (None: not
+    known, the change was made while no operator ran); a Failed job gets a fresh budget."""
+    if memo.book.reset_failure(key):
+        kopf.event(
+            body,
+            type="Normal",
+            reason="Retrying",
+            message="spec changed on a Failed job: starting again with a fresh budget",
+        )
+    if changed is None:
+        message = (
+            "changed while no operator ran: the driver restarts from its checkpoint if "
+            "what it runs changed"
+        )
+    elif changed and not job.spec.suspend:
+        message = f"{', '.join(changed)} changed: restarting the driver from its checkpoint"
+    else:
+        message = "applied without restarting the driver"
+    kopf.event(body, type="Normal", reason="SpecChanged", message=message)
 
 
 @kopf.on.update(*JOBS, field="spec")
@@ -125,18 +160,7 @@ async def spec_changed(
     desired = resources.children(job, owner, memo.supervision.platform)
     await sync_children(memo.kube, memo.book.memory(key), desired)
     changed = resources.restart_fields(dict(old or {}), dict(new or {}))
-    if memo.book.reset_failure(key):
-        kopf.event(
-            body,
-            type="Normal",
-            reason="Retrying",
-            message="spec changed on a Failed job: starting again with a fresh budget",
-        )
-    if changed and not job.spec.suspend:
-        message = f"{', '.join(changed)} changed: restarting the driver from its checkpoint"
-    else:
-        message = "applied without restarting the driver"
-    kopf.event(body, type="Normal", reason="SpecChanged", message=message)
+    announce_change(body, key, memo, job, changed)
 
 
 def deletes_checkpoint(spec: kopf.Spec, **_: Any) -> bool:
@@ -195,6 +219,7 @@ async def job_seen(
     `delete_orphaned_driver`)."""
     key = (namespace, name)
     if type == "DELETED":
+        memo.diffbase.forget(uid_of(body))
         known = memo.book.jobs.get(key)
         memo.book.see_job(key, None)
         for driver in known.driver_pods() if known is not None else []:

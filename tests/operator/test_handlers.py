@@ -4,6 +4,7 @@ change, delete."""
 from __future__ import annotations
 
 import pytest
+import pytest_asyncio
 from prometheus_client import REGISTRY
 
 from tests.operator.conftest import JOBS, PODS, current, events, job_manifest, path, wait_for
@@ -361,3 +362,28 @@ async def test_a_changed_spec_that_never_commits_is_rolled_back(operator, driver
     await operator.patch(path(JOBS, "wc"), json={"spec": {"batchInterval": "3s"}})
     await wait_for(lambda: fresh_driver(operator, stable, same=False))  # a new spec's chance
     assert "rolledBackFrom" not in status_of(operator)
+
+
+@pytest_asyncio.fixture
+async def failed_job_changed_while_away(cluster) -> None:
+    """Before the operator starts: a Failed job whose spec changed after its status was
+    written (generation 2, observedGeneration 1)."""
+    body = job_manifest()
+    body["metadata"]["generation"] = 2
+    body["status"] = {"phase": "Failed", "observedGeneration": 1, "restarts": 2}
+    await create(cluster, body)
+
+
+async def test_a_change_made_while_no_operator_ran_is_found_by_generation(
+    failed_job_changed_while_away, operator
+):
+    """kopf's diff base is in memory: a starting operator finds the change by the status's
+    observedGeneration, and a Failed job starts again."""
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    status = await wait_for(
+        lambda: status_of(operator).get("phase") not in (None, "Failed") and status_of(operator)
+    )
+    assert status["restarts"] == 0 and status["observedGeneration"] == 2
+    reasons = {reason for _, reason, _ in events(operator)}
+    assert {"SetUp", "Retrying", "SpecChanged"} <= reasons
+    assert not current(operator, JOBS, "wc")["metadata"].get("annotations")  # no kopf state
