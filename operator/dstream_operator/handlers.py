@@ -11,6 +11,7 @@ supervisor.py). The operator's memo carries `kube` (a `Kube` client) and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -41,6 +42,7 @@ EXECUTOR_PODS = {resources.ROLE_LABEL: "executor", resources.JOB_LABEL: kopf.PRE
 POD_SELECTOR = f"{resources.JOB_LABEL},{resources.ROLE_LABEL} in (driver,executor)"
 FINALIZER = "dstream.dev/checkpoint-cleanup"
 WAIT_SECONDS = 3
+FIRST_STEP_SECONDS = 30  # how long the creation handler leaves a new job to the supervisor
 
 
 @kopf.on.startup()
@@ -82,13 +84,16 @@ async def set_up(
 ) -> None:
     """Create (or repair) the job's fixed children, and its namespace's driver identity if
     this is the namespace's first job. The supervisor does not wait for this: its first step
-    writes what a new driver needs itself (what one of the two wrote, the other does not
-    write again), so a new job's driver is created as soon as the job is seen."""
+    writes the children a new driver needs itself, the driver pod first. This waits for that
+    step (at most FIRST_STEP_SECONDS), and then finds nothing left to write: with many jobs
+    created at once, their children would otherwise be written before their drivers."""
     key = (meta["namespace"], meta["name"])
     job, problems = parse(dict(body))
     if job is None:
         logger.warning("invalid spec, nothing set up: %s", "; ".join(problems))
     else:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(memo.book.memory(key).stepped.wait(), FIRST_STEP_SECONDS)
         owner = owner_of(dict(body))
         await memo.book.identities.ensure(memo.kube, owner.namespace)
         desired = resources.children(job, owner, memo.supervision.platform)

@@ -39,6 +39,8 @@ async def set_pod_status(cluster, name, phase, ready=False, terminated=None) -> 
 async def test_create_sets_up_children_and_driver(operator):
     await create(operator, job_manifest())
     pod = await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    # the rest of the children follow the pod, before the step writes the status
+    status = await wait_for(lambda: status_of(operator).get("driverPod") and status_of(operator))
     for resource, name in [
         ("v1/configmaps", "wc-job"),
         ("v1/services", "wc-driver"),
@@ -54,13 +56,11 @@ async def test_create_sets_up_children_and_driver(operator):
     assert pod["spec"]["serviceAccountName"] == "dstream-driver"
     for resource in IDENTITY:  # the namespace's, owned by no job
         assert not current(operator, resource, "dstream-driver")["metadata"].get("ownerReferences")
-    status = await wait_for(lambda: status_of(operator).get("driverPod") and status_of(operator))
     assert status["phase"] == "Pending"  # not scheduled yet
     assert status["executors"] == {"ready": 0, "desired": 2}
     assert status["observedGeneration"] == 1
     assert not current(operator, JOBS, "wc")["metadata"].get("finalizers")
-    reasons = {reason for _, reason, _ in events(operator)}
-    assert {"SetUp", "DriverCreated"} <= reasons
+    await wait_for(lambda: {"SetUp", "DriverCreated"} <= {r for _, r, _ in events(operator)})
 
 
 IDENTITY = (
@@ -384,6 +384,7 @@ async def test_a_change_made_while_no_operator_ran_is_found_by_generation(
         lambda: status_of(operator).get("phase") not in (None, "Failed") and status_of(operator)
     )
     assert status["restarts"] == 0 and status["observedGeneration"] == 2
-    reasons = {reason for _, reason, _ in events(operator)}
-    assert {"SetUp", "Retrying", "SpecChanged"} <= reasons
+    await wait_for(
+        lambda: {"SetUp", "Retrying", "SpecChanged"} <= {r for _, r, _ in events(operator)}
+    )
     assert not current(operator, JOBS, "wc")["metadata"].get("annotations")  # no kopf state
