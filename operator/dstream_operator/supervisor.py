@@ -368,7 +368,8 @@ def prerequisites(desired: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The children a driver pod cannot start without: its ConfigMap (the job it runs),
     mounted when the kubelet starts it. The others (its Service, budgets, a user account's
     RoleBinding, the UI Ingress) are needed once the driver runs, and are written right after
-    the pod: with many jobs created at once, every job's pod comes before any job's Service."""
+    the pod: with many jobs created at once, a job's pod does not wait for its other children
+    (docs/operator-scale.md)."""
     return [child for child in desired if child["kind"] == "ConfigMap"]
 
 
