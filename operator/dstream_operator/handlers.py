@@ -11,20 +11,24 @@ supervisor.py). The operator's memo carries `kube` (a `Kube` client) and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import logging
 from typing import Any
 
 import kopf
+from dstream.spec import StreamingJob
 
 from dstream_operator import resources
+from dstream_operator.diffbase import MemoryDiffBaseStorage, ProgressAnnotations, uid_of
 from dstream_operator.kube import Kube
 from dstream_operator.metrics import counted
 from dstream_operator.reconcile import STOP_JOB_DELETION
 from dstream_operator.status import PodFacts, pod_facts
 from dstream_operator.supervisor import (
     JobBook,
+    JobKey,
     Supervisor,
     owner_of,
     parse,
@@ -38,16 +42,16 @@ EXECUTOR_PODS = {resources.ROLE_LABEL: "executor", resources.JOB_LABEL: kopf.PRE
 POD_SELECTOR = f"{resources.JOB_LABEL},{resources.ROLE_LABEL} in (driver,executor)"
 FINALIZER = "dstream.dev/checkpoint-cleanup"
 WAIT_SECONDS = 3
+FIRST_STEP_SECONDS = 30  # how long the creation handler leaves a new job to the supervisor
 
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Keep kopf's bookkeeping in annotations (the status schema is ours and pruned), post only
-    our own decisions and kopf's warnings as Events, and start the supervisor."""
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="dstream.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="dstream.dev", key="last-handled-configuration"
-    )
+    """Keep kopf's handler progress in annotations (the status schema is ours and pruned) and
+    its diff base in memory (`diffbase`), post only our own decisions and kopf's warnings as
+    Events, and start the supervisor."""
+    settings.persistence.progress_storage = ProgressAnnotations(prefix="dstream.dev")
+    memo.diffbase = settings.persistence.diffbase_storage = MemoryDiffBaseStorage()
     settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING
     # Filter pods on the API server: a handler's `labels=` only filters what kopf has already
@@ -74,20 +78,22 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 async def set_up(
     body: kopf.Body,
     meta: kopf.Meta,
-    patch: kopf.Patch,
     memo: kopf.Memo,
     logger: logging.Logger,
     **_: Any,
 ) -> None:
     """Create (or repair) the job's fixed children, and its namespace's driver identity if
     this is the namespace's first job. The supervisor does not wait for this: its first step
-    writes what a new driver needs itself (what one of the two wrote, the other does not
-    write again), so a new job's driver is created as soon as the job is seen."""
+    writes the children a new driver needs itself, the driver pod first. This waits for that
+    step (at most FIRST_STEP_SECONDS), and then finds nothing left to write: with many jobs
+    created at once, their children would otherwise be written before their drivers."""
     key = (meta["namespace"], meta["name"])
     job, problems = parse(dict(body))
     if job is None:
         logger.warning("invalid spec, nothing set up: %s", "; ".join(problems))
     else:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(memo.book.memory(key).stepped.wait(), FIRST_STEP_SECONDS)
         owner = owner_of(dict(body))
         await memo.book.identities.ensure(memo.kube, owner.namespace)
         desired = resources.children(job, owner, memo.supervision.platform)
@@ -99,7 +105,40 @@ async def set_up(
             message="ConfigMap, Service, PodDisruptionBudgets and the UI Ingress (if "
             f"configured) in place; the driver runs as {resources.driver_service_account(job)}",
         )
-        patch.status["observedGeneration"] = meta.get("generation")
+        if changed_unseen(body):
+            announce_change(body, key, memo, job, changed=None)
+
+
+def changed_unseen(body: kopf.Body) -> bool:
+    """The spec changed while no operator ran: the status was written for an older
+    generation. (kopf's diff base is kept in memory, `diffbase`, so kopf calls the creation
+    handler, not the update handler, for every job an operator finds when it starts.)"""
+    observed = (body.get("status") or {}).get("observedGeneration")
+    return observed is not None and observed < (body["metadata"].get("generation") or 0)
+
+
+def announce_change(
+    body: kopf.Body, key: JobKey, memo: kopf.Memo, job: StreamingJob, changed: list[str] | None
+) -> None:
+    """Say what a spec change will do, with the fields that restart the driver (None: not
+    known, the change was made while no operator ran); a Failed job gets a fresh budget."""
+    if memo.book.reset_failure(key):
+        kopf.event(
+            body,
+            type="Normal",
+            reason="Retrying",
+            message="spec changed on a Failed job: starting again with a fresh budget",
+        )
+    if changed is None:
+        message = (
+            "changed while no operator ran: the driver restarts from its checkpoint if "
+            "what it runs changed"
+        )
+    elif changed and not job.spec.suspend:
+        message = f"{', '.join(changed)} changed: restarting the driver from its checkpoint"
+    else:
+        message = "applied without restarting the driver"
+    kopf.event(body, type="Normal", reason="SpecChanged", message=message)
 
 
 @kopf.on.update(*JOBS, field="spec")
@@ -109,7 +148,6 @@ async def spec_changed(
     new: Any,
     body: kopf.Body,
     meta: kopf.Meta,
-    patch: kopf.Patch,
     memo: kopf.Memo,
     logger: logging.Logger,
     **_: Any,
@@ -127,19 +165,7 @@ async def spec_changed(
     desired = resources.children(job, owner, memo.supervision.platform)
     await sync_children(memo.kube, memo.book.memory(key), desired)
     changed = resources.restart_fields(dict(old or {}), dict(new or {}))
-    if memo.book.reset_failure(key):
-        kopf.event(
-            body,
-            type="Normal",
-            reason="Retrying",
-            message="spec changed on a Failed job: starting again with a fresh budget",
-        )
-    if changed and not job.spec.suspend:
-        message = f"{', '.join(changed)} changed: restarting the driver from its checkpoint"
-    else:
-        message = "applied without restarting the driver"
-    kopf.event(body, type="Normal", reason="SpecChanged", message=message)
-    patch.status["observedGeneration"] = meta.get("generation")
+    announce_change(body, key, memo, job, changed)
 
 
 def deletes_checkpoint(spec: kopf.Spec, **_: Any) -> bool:
@@ -198,6 +224,7 @@ async def job_seen(
     `delete_orphaned_driver`)."""
     key = (namespace, name)
     if type == "DELETED":
+        memo.diffbase.forget(uid_of(body))
         known = memo.book.jobs.get(key)
         memo.book.see_job(key, None)
         for driver in known.driver_pods() if known is not None else []:

@@ -143,10 +143,23 @@ class Kube:
         for _ in range(attempts):
             if not exists and await self.create(obj) is not None:
                 return
-            if await self.patch(*path, obj) is not None:
+            if await self._patch_unless_going(path, obj) is not None:
                 return
             exists = False
         raise KubeError(409, f"{obj['kind']} {meta['name']} kept vanishing while applied")
+
+    async def _patch_unless_going(
+        self, path: tuple[str, str, str, str], obj: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Patch; None if the object is gone, or went while it was patched (the API server
+        then answers 409, not 404: seen with a predecessor's Service that the garbage collector
+        deleted just then)."""
+        try:
+            return await self.patch(*path, obj)
+        except KubeError as error:
+            if error.status == 409:
+                return None
+            raise
 
     async def get(
         self, api_version: str, kind: str, namespace: str, name: str

@@ -7,7 +7,9 @@ deleting the job lets the garbage collector delete them; executors are owned by 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -271,10 +273,10 @@ def job_manifest(job: StreamingJob) -> dict[str, Any]:
 
 def config_map(job: StreamingJob, owner: Owner) -> dict[str, Any]:
     """The job manifest, and the executors' pod template when the spec customises them."""
-    data = {"job.yaml": yaml.safe_dump(job_manifest(job), sort_keys=False)}
+    data = {"job.yaml": yaml_text(job_manifest(job), sort_keys=False)}
     template = executor_pod_template(job)
     if template is not None:
-        data[EXECUTOR_TEMPLATE_KEY] = yaml.safe_dump(template, sort_keys=False)
+        data[EXECUTOR_TEMPLATE_KEY] = yaml_text(template, sort_keys=False)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -480,8 +482,23 @@ def restart_fields(old_spec: dict[str, Any], new_spec: dict[str, Any]) -> list[s
 def spec_hash(job: StreamingJob) -> str:
     """Fingerprint of what the driver runs; the driver pod carries it, so a driver running an
     outdated spec is recognised even after the operator itself was down during the change."""
-    text = yaml.safe_dump(driver_spec(job_manifest(job)["spec"]), sort_keys=True)
+    text = yaml_text(driver_spec(job_manifest(job)["spec"]), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def yaml_text(data: Any, sort_keys: bool) -> str:
+    """`yaml.safe_dump` of JSON-like data, remembered by the data's JSON text. PyYAML's
+    emitter is pure Python, a few milliseconds a document, and a new job's spec is dumped
+    several times (its fingerprint for the step, for the driver pod and for the overridden
+    fields, its manifest for the ConfigMap by the creation handler and the supervisor): most
+    of those become a JSON dump and a lookup. The text is the same, so fingerprints of
+    running drivers still match."""
+    return _yaml_of_json(json.dumps(data), sort_keys)
+
+
+@functools.lru_cache(maxsize=1024)
+def _yaml_of_json(text: str, sort_keys: bool) -> str:
+    return yaml.safe_dump(json.loads(text), sort_keys=sort_keys)
 
 
 def grace_seconds(job: StreamingJob) -> int:

@@ -109,14 +109,14 @@ class JobStatus(StatusModel):
     )
 
     def to_patch(self) -> dict[str, Any]:
-        """The status as a JSON merge patch of the fields the supervisor owns.
+        """The status as a JSON merge patch: the supervisor writes all of it, observedGeneration
+        included (the generation of the spec its step acted on), in one request.
 
         Unset top-level fields are sent as null, which a merge patch deletes; nested values carry
         no nulls, which the API server would reject where the schema says string or number.
         """
-        owned = set(type(self).model_fields) - {"observed_generation"}
-        values = self.model_dump(mode="json", by_alias=True, exclude_none=True, include=owned)
-        aliases = {type(self).model_fields[name].alias or name for name in owned}
+        values = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        aliases = {field.alias or name for name, field in type(self).model_fields.items()}
         return {alias: values.get(alias) for alias in sorted(aliases)}
 
 

@@ -73,6 +73,7 @@ class JobMemory:
     # held while its children are written: the creation handler and the supervisor's first
     # step both write them, and the second then finds nothing left to write
     children_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    stepped: asyncio.Event = field(default_factory=asyncio.Event)  # set after its first step
     status: JobStatus | None = None  # as the supervisor last wrote it
     driver: PodFacts | None = None
     vanished: PodFacts | None = None  # a driver pod gone since the last step
@@ -348,13 +349,28 @@ async def apply_children(
     await asyncio.gather(*(apply(c) for c in bindings))
 
 
-async def sync_children(kube: Kube, memory: JobMemory, desired: list[dict[str, Any]]) -> None:
-    """Write the children that changed since they were last applied (`children.changes`)."""
+async def sync_children(
+    kube: Kube, memory: JobMemory, desired: list[dict[str, Any]], complete: bool = True
+) -> None:
+    """Write the children that changed since they were last applied (`children.changes`).
+    `desired` is every child the job should have, and those applied before that it no longer
+    has are deleted; unless not `complete`: then it is some of them, and nothing is deleted."""
     async with memory.children_lock:
         todo = children.changes(desired, memory.applied)
+        if not complete:
+            todo = dataclasses.replace(todo, delete=[])
         await apply_children(kube, todo.apply, known=memory.applied.keys())
         await asyncio.gather(*(kube.delete(*key) for key in todo.delete))
         todo.record(memory.applied)
+
+
+def prerequisites(desired: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The children a driver pod cannot start without: its ConfigMap (the job it runs),
+    mounted when the kubelet starts it. The others (its Service, budgets, a user account's
+    RoleBinding, the UI Ingress) are needed once the driver runs, and are written right after
+    the pod: with many jobs created at once, a job's pod does not wait for its other children
+    (docs/operator-scale.md)."""
+    return [child for child in desired if child["kind"] == "ConfigMap"]
 
 
 class Supervisor:
@@ -409,6 +425,8 @@ class Supervisor:
             metrics.ERRORS.labels("supervise").inc()
             logger.error("supervising %s/%s failed: %r", *key, error)
         finally:
+            if (memory := self.book.jobs.get(key)) is not None:
+                memory.stepped.set()
             del self._running[key]
             if key in self._again:
                 self._again.discard(key)
@@ -426,6 +444,7 @@ class Supervisor:
         self.book.step_at(key, refresh_slot(key, self.settings.interval_seconds, datetime.now(UTC)))
         owner = owner_of(memory.body)
         derived = self._derived(memory, owner)
+        generation = memory.body["metadata"].get("generation")  # of the spec derived from
         job = derived.job
         vanished, memory.vanished = memory.vanished, None
         second_vanished, memory.second_vanished = memory.second_vanished, None
@@ -455,7 +474,8 @@ class Supervisor:
             memory.vanished = memory.vanished or vanished  # decide on it again next time
             memory.second_vanished = memory.second_vanished or second_vanished
             raise
-        await self._write_status(memory, owner, step.status)
+        status = step.status.model_copy(update={"observed_generation": generation})
+        await self._write_status(memory, owner, status)
 
     def _derived(self, memory: JobMemory, owner: resources.Owner) -> Derived:
         """The job's `Derived`, from the memory unless its spec (or uid) changed since."""
@@ -543,8 +563,14 @@ class Supervisor:
                 memory.mark_stopped(pod, reason)
         if step.create_driver and job is not None:
             job = step.run_job or job  # the spec, or the one a rollback returned to
-            await self._apply_children(memory, job, owner)
+            # what the pod needs, the pod, then the rest: those not applied as they are now
+            # since the operator started (the creation handler waits for this first step,
+            # so a new job's children are written once); a restart repairs them (above)
+            desired = resources.children(job, owner, self.settings.platform)
+            await self.book.identities.ensure(self.kube, owner.namespace)
+            await sync_children(self.kube, memory, prerequisites(desired), complete=False)
             await self._create_missing(memory, job, owner, step, now)
+            await sync_children(self.kube, memory, desired)
         if step.restarted:
             metrics.DRIVER_RESTARTS.labels(owner.namespace, owner.name).inc()
         await asyncio.gather(
@@ -584,17 +610,6 @@ class Supervisor:
                 memory.driver = facts
             else:
                 memory.second = facts
-
-    async def _apply_children(
-        self, memory: JobMemory, job: StreamingJob, owner: resources.Owner
-    ) -> None:
-        """The driver pod needs all of them, and its namespace's driver identity: write those
-        not applied as they are now since the operator started (the creation handler just did,
-        for a new job), so a burst of new jobs costs one round of writes each, not two; a
-        restart (see `_act`) repairs them."""
-        await self.book.identities.ensure(self.kube, owner.namespace)
-        desired = resources.children(job, owner, self.settings.platform)
-        await sync_children(self.kube, memory, desired)
 
     async def _write_status(
         self, memory: JobMemory, owner: resources.Owner, status: JobStatus

@@ -14,6 +14,7 @@ import concurrent.futures
 import os
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -59,16 +60,33 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
-def api_requests(api: client.ApiClient) -> float:
-    """Requests the API server has served so far (its own counter, every client)."""
+RequestKind = tuple[str, str]  # (verb, resource[/subresource])
+
+
+def api_requests(api: client.ApiClient) -> Counter[RequestKind]:
+    """Requests the API server has served so far (its own counter, every client), by verb and
+    resource."""
     bearer = api.configuration.auth_settings().get("BearerToken")
     headers = {"Authorization": bearer["value"]} if bearer and bearer["value"] else {}
     response = api.rest_client.request("GET", f"{api.configuration.host}/metrics", headers=headers)
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(response.read().decode())
-        for sample in family.samples
-        if sample.name == "apiserver_request_total"
+    counts: Counter[RequestKind] = Counter()
+    for family in text_string_to_metric_families(response.read().decode()):
+        for sample in family.samples:
+            if sample.name == "apiserver_request_total":
+                labels = sample.labels
+                resource = "/".join(filter(None, (labels["resource"], labels["subresource"])))
+                counts[labels["verb"], resource] += sample.value
+    return counts
+
+
+def writes_per_job(requests: Counter[RequestKind]) -> str:
+    """The writes (and single-object reads) per job, by kind: what each new job costs the API
+    server, whoever sent them (the operator, kopf, the scheduler, the hollow kubelet). The
+    test's own creates are among them; lists and watches (the test's polling) are not."""
+    return " ".join(
+        f"{verb}:{resource}={count / JOBS:.2f}"
+        for (verb, resource), count in sorted(requests.items(), key=lambda item: -item[1])
+        if verb in ("GET", "POST", "PUT", "PATCH", "DELETE") and count / JOBS >= 0.05
     )
 
 
@@ -179,6 +197,9 @@ def test_many_jobs_get_drivers_change_and_go(
 
         status_seen = until("every status names its driver", statuses_name_their_driver, 300)
         status_lag = status_seen - max(stamp(p.metadata.creation_timestamp) for p in pods.values())
+        # the creation's cost: from before the first create until every status names its driver
+        cpu_created = sum(process.cpu_times()[:2]) - cpu_before
+        requests_created = api_requests(k8s_cluster.api_client) - requests_before
 
         old_hashes = {n: p.metadata.annotations[SPEC_HASH] for n, p in pods.items()}
         changed_at = time.time()
@@ -198,7 +219,7 @@ def test_many_jobs_get_drivers_change_and_go(
         replaced = until("every driver replaced for the change", all_replaced, seconds_per_job())
         rss_mib = process.memory_info().rss / 2**20
         cpu_seconds = sum(process.cpu_times()[:2]) - cpu_before
-        requests = api_requests(k8s_cluster.api_client) - requests_before
+        requests = (api_requests(k8s_cluster.api_client) - requests_before).total()
         busy = time.time() - started
 
         deleted_at = time.time()
@@ -222,9 +243,12 @@ def test_many_jobs_get_drivers_change_and_go(
             f"delete_all_marked={marked[0] - deleted_at:.1f}s "
             f"delete_all_gone={gone - deleted_at:.1f}s "
             f"operator_rss={rss_mib:.0f}MiB operator_cpu={cpu_seconds:.1f}s "
-            f"api_requests_per_s={requests / busy:.1f}"
+            f"api_requests_per_s={requests / busy:.1f} "
+            f"created_cpu_per_job={cpu_created / JOBS * 1000:.0f}ms "
+            f"created_requests_per_job={requests_created.total() / JOBS:.1f}"
         )
         print(summary)
+        print(f"operator-scale: created_writes_per_job {writes_per_job(requests_created)}")
         assert leader.running()
         standbys = [o for o in operators if o is not leader]
         assert not [o for o in standbys if o.metric("dstream_operator_leader")]

@@ -4,6 +4,7 @@ change, delete."""
 from __future__ import annotations
 
 import pytest
+import pytest_asyncio
 from prometheus_client import REGISTRY
 
 from tests.operator.conftest import JOBS, PODS, current, events, job_manifest, path, wait_for
@@ -38,6 +39,8 @@ async def set_pod_status(cluster, name, phase, ready=False, terminated=None) -> 
 async def test_create_sets_up_children_and_driver(operator):
     await create(operator, job_manifest())
     pod = await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    # the rest of the children follow the pod, before the step writes the status
+    status = await wait_for(lambda: status_of(operator).get("driverPod") and status_of(operator))
     for resource, name in [
         ("v1/configmaps", "wc-job"),
         ("v1/services", "wc-driver"),
@@ -53,13 +56,11 @@ async def test_create_sets_up_children_and_driver(operator):
     assert pod["spec"]["serviceAccountName"] == "dstream-driver"
     for resource in IDENTITY:  # the namespace's, owned by no job
         assert not current(operator, resource, "dstream-driver")["metadata"].get("ownerReferences")
-    status = await wait_for(lambda: status_of(operator).get("driverPod") and status_of(operator))
     assert status["phase"] == "Pending"  # not scheduled yet
     assert status["executors"] == {"ready": 0, "desired": 2}
     assert status["observedGeneration"] == 1
     assert not current(operator, JOBS, "wc")["metadata"].get("finalizers")
-    reasons = {reason for _, reason, _ in events(operator)}
-    assert {"SetUp", "DriverCreated"} <= reasons
+    await wait_for(lambda: {"SetUp", "DriverCreated"} <= {r for _, r, _ in events(operator)})
 
 
 IDENTITY = (
@@ -361,3 +362,29 @@ async def test_a_changed_spec_that_never_commits_is_rolled_back(operator, driver
     await operator.patch(path(JOBS, "wc"), json={"spec": {"batchInterval": "3s"}})
     await wait_for(lambda: fresh_driver(operator, stable, same=False))  # a new spec's chance
     assert "rolledBackFrom" not in status_of(operator)
+
+
+@pytest_asyncio.fixture
+async def failed_job_changed_while_away(cluster) -> None:
+    """Before the operator starts: a Failed job whose spec changed after its status was
+    written (generation 2, observedGeneration 1)."""
+    body = job_manifest()
+    body["metadata"]["generation"] = 2
+    body["status"] = {"phase": "Failed", "observedGeneration": 1, "restarts": 2}
+    await create(cluster, body)
+
+
+async def test_a_change_made_while_no_operator_ran_is_found_by_generation(
+    failed_job_changed_while_away, operator
+):
+    """kopf's diff base is in memory: a starting operator finds the change by the status's
+    observedGeneration, and a Failed job starts again."""
+    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    status = await wait_for(
+        lambda: status_of(operator).get("phase") not in (None, "Failed") and status_of(operator)
+    )
+    assert status["restarts"] == 0 and status["observedGeneration"] == 2
+    await wait_for(
+        lambda: {"SetUp", "Retrying", "SpecChanged"} <= {r for _, r, _ in events(operator)}
+    )
+    assert not current(operator, JOBS, "wc")["metadata"].get("annotations")  # no kopf state

@@ -101,6 +101,18 @@ async def test_apply_creates_again_what_vanished_between_create_and_patch():
     ]
 
 
+async def test_apply_creates_again_what_went_while_it_was_patched():
+    """A job deleted and created again: its predecessor's Service, being removed by the
+    garbage collector as it was patched, made the API server answer 409 to the patch."""
+    gone = {"code": 409, "message": "Precondition failed: UID in precondition"}
+    answers = [(409, {"code": 409}), (409, gone), (201, {"metadata": {"name": "x"}})]
+    assert await _applied(answers, "Service", False) == [
+        ("POST", "/api/v1/namespaces/jobs/services"),
+        ("PATCH", "/api/v1/namespaces/jobs/services/x"),
+        ("POST", "/api/v1/namespaces/jobs/services"),
+    ]
+
+
 async def test_apply_patches_first_what_exists_and_creates_it_if_it_vanished():
     """One round trip for a known child; a child deleted meanwhile is created again."""
     answers = [(200, {"metadata": {"name": "x"}}), (404, {"code": 404}), (201, {})]
