@@ -11,24 +11,8 @@ import pytest
 from dstream import StreamingContext
 from dstream.runtime.state_storage import REPLICATION_KEY, storage_level
 from dstream.service.job import spark_conf
-from dstream.spec import parse_job
+from fault.test_fault_speculation import job  # a minimal spec
 from pyspark import StorageLevel
-
-
-def job(**spec_extra):
-    return parse_job(
-        {
-            "apiVersion": "dstream.dev/v1alpha1",
-            "kind": "StreamingJob",
-            "metadata": {"name": "replicated"},
-            "spec": {
-                "batchInterval": "1s",
-                "app": {"builtin": "wordcount"},
-                "source": {"type": "rate", "rate": {"recordsPerSecond": 10}},
-                **spec_extra,
-            },
-        }
-    )
 
 
 def test_state_has_one_copy_unless_asked_for_two():
