@@ -8,7 +8,7 @@ length. With `spark.dstream.state.replication=2` every cached block has a second
 another executor, which is read instead. The cost: each block is sent to a second executor as
 its task stores it, and the task waits for that. Measured on `local-cluster` (docs/
 fault-tolerance.md, "Executor loss under load"), the second copy removed the lost blocks but
-made every batch 1.4 to 2.5 times as slow on a loaded machine, so one copy is the default.
+made every batch about twice as slow on a loaded machine, so one copy is the default.
 
 It is read when the graph is built: a graph restored from a checkpoint keeps the choice it was
 built with. Under `local[...]` the driver is the only executor and a second copy has nowhere
