@@ -42,12 +42,17 @@ LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 
 @dataclass(frozen=True)
 class Subject:
-    """Who recovers: a system's variant on a worker daemon, at a rate."""
+    """Who recovers: a system's variant on a worker daemon, at a rate, with Spark settings on
+    top of the shared ones (`conf`, KEY=VALUE), the driver's Spark log level and the batch
+    interval (a window is WINDOW_BATCHES of them)."""
 
     system: str
     variant: str
     daemon: str
     rate: int
+    conf: tuple[str, ...] = ()
+    log_level: str = "ERROR"
+    batch_ms: int = 1000
 
 
 def recover_command(
@@ -72,6 +77,11 @@ def recover_command(
         checkpoint,
         "--batches",
         str(batches),
+        "--log-level",
+        subject.log_level,
+        "--batch-ms",
+        str(subject.batch_ms),
+        *(arg for setting in subject.conf for arg in ("--conf", setting)),
         *extra,
     ]
 
@@ -154,7 +164,7 @@ def executor_kill(subject: Subject) -> dict[str, Any]:
     command = recover_command(subject, checkpoint, BEFORE + AFTER, LOCAL_CLUSTER, *extra)
     run = RecoverProcess(command, f"recovery-executor-{subject.system}.log")
     try:
-        run.finish(timeout_s=6 * (BEFORE + AFTER) + 120)
+        run.finish(timeout_s=6 * (BEFORE + AFTER) * subject.batch_ms / 1000 + 120)
     finally:
         shutil.rmtree(checkpoint, ignore_errors=True)
     killed = [e for e in run.events if e["event"] == "killed"]
@@ -239,12 +249,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--daemon", choices=DAEMONS, default=DAEMONS[0])
     parser.add_argument("--rate", type=int, required=True, help="lines per second")
     parser.add_argument("--fault", choices=FAULTS, default=FAULTS[0])
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the subject, over the shared ones (repeatable): A/B runs",
+    )
+    parser.add_argument(
+        "--log-level", default="ERROR", help="the subject driver's Spark log level (its log)"
+    )
+    parser.add_argument(
+        "--batch-ms", type=int, default=1000, help="the batch interval (a slower machine)"
+    )
     args = parser.parse_args(argv)
     variants = SYSTEM_CLASSES[args.system].variants
     if args.variant not in variants:
         parser.error(f"--variant {args.variant}: {args.system} has {', '.join(variants)}")
-    subject = Subject(args.system, args.variant, args.daemon, args.rate)
+    subject = Subject(
+        args.system,
+        args.variant,
+        args.daemon,
+        args.rate,
+        tuple(args.conf),
+        args.log_level,
+        args.batch_ms,
+    )
     kind, master = args.fault.split(", ")
     result = driver_restart(subject, master) if kind == "driver" else executor_kill(subject)
     print(json.dumps({k: v for k, v in result.items() if k != "timeline"}, indent=1))
+    delays = (f"{b['t_s']:.1f}s:{b['delay_ms']}ms" for b in result.get("timeline", []))
+    print("timeline (since the fault: delay):", " ".join(delays), file=sys.stderr)
     return 0

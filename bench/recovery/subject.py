@@ -44,11 +44,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-executor-after", type=int, default=None)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--partitions", type=int, default=PARTITIONS)
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--log-level", default="ERROR")
+    parser.add_argument("--batch-ms", type=int, default=1000, help="the batch interval")
     args = parser.parse_args(argv)
-    sc = SparkContext(conf=spark_conf(args.master, args.partitions, args.daemon))
-    sc.setLogLevel("ERROR")
+    conf = spark_conf(args.master, args.partitions, args.daemon)
+    conf.setAll([tuple(setting.split("=", 1)) for setting in args.conf])
+    sc = SparkContext(conf=conf)
+    sc.setLogLevel(args.log_level)
     try:
         system = SYSTEM_CLASSES[args.system](sc, args.partitions)
+        system.batch_ms = args.batch_ms
         system.on_batch = lambda batch: emit(event="batch", **Batch.to_json(batch))
         if isinstance(system, StructuredSystem):
             stop = system.start(
@@ -57,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             stop = system.start(args.workload, args.variant, args.rate, args.checkpoint)
         emit(event="started", ms=int(time.time() * 1000))
-        deadline = time.monotonic() + 3 * args.batches + 60
+        deadline = time.monotonic() + 3 * args.batches * args.batch_ms / 1000 + 60
         try:
             if args.kill_executor_after is not None:
                 system.wait_for(args.kill_executor_after, deadline)

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pyspark import RDD, StorageLevel
+from pyspark import RDD
 
 from dstream.dstream import DStream
+from dstream.runtime.state_storage import state_storage_level
 from dstream.runtime.timeutil import duration_to_ms
 
 
@@ -31,7 +32,7 @@ class StateDStream(DStream):
         self._initial = initial
         super().__init__(parent._ssc, [parent])
         self.checkpoint_data.require(self._partitions)
-        self.persist(StorageLevel.MEMORY_ONLY)
+        self.persist(state_storage_level(self._sc))
 
     def compute(self, time_ms: int) -> RDD | None:
         previous = self.getOrCompute(self._previous_time(time_ms))
@@ -70,7 +71,7 @@ class TrackedDStream(DStream):
         self._partitions = num_partitions or parent._sc.defaultParallelism
         super().__init__(parent._ssc, [parent])
         self.checkpoint_data.require(self._partitions)
-        self.persist(StorageLevel.MEMORY_ONLY)
+        self.persist(state_storage_level(self._sc))
 
     def signature(self) -> dict[str, Any]:
         return {**super().signature(), "timeoutMs": self._timeout_ms}

@@ -11,10 +11,11 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pyspark import RDD, StorageLevel
+from pyspark import RDD
 from pyspark.rdd import Partitioner, portable_hash
 
 from dstream.dstream import DStream
+from dstream.runtime.state_storage import state_storage_level
 from dstream.runtime.timeutil import duration_to_ms
 from dstream.worker import combine
 
@@ -27,7 +28,7 @@ class WindowedDStream(DStream):
         slide_ms = duration_to_ms(slide) if slide is not None else parent._slide_ms
         super().__init__(parent._ssc, [parent], slide_ms)
         if parent._storage_level is None:
-            parent.persist(StorageLevel.MEMORY_ONLY)
+            parent.persist(state_storage_level(parent._sc))
 
     def signature(self) -> dict[str, Any]:
         return {**super().signature(), "windowMs": self._window_ms}
@@ -62,9 +63,9 @@ class ReducedWindowedDStream(DStream):
         self._filter = filter_func
         super().__init__(reduced._ssc, [reduced], slide_ms)
         self.checkpoint_data.require(num_partitions)
-        self.persist(StorageLevel.MEMORY_ONLY)
+        self.persist(state_storage_level(self._sc))
         if reduced._storage_level is None:
-            reduced.persist(StorageLevel.MEMORY_ONLY)
+            reduced.persist(state_storage_level(reduced._sc))
 
     def signature(self) -> dict[str, Any]:
         return {**super().signature(), "windowMs": self._window_ms}

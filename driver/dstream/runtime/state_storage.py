@@ -1,0 +1,38 @@
+"""How the engine keeps its state RDDs in memory: one copy, or two on a cluster when asked.
+
+A stateful stream's RDDs (updateStateByKey and track state, an incremental window and the
+per-batch reductions it subtracts) are cached, and later batches are computed from the cache.
+With one copy, the loss of an executor loses its share of every cached batch: an incremental
+window then recomputes each lost batch it subtracts from the source, for up to one window
+length. With `spark.dstream.state.replication=2` every cached block has a second copy on
+another executor, which is read instead. The cost: each block is sent to a second executor as
+its task stores it, and the task waits for that. Measured on `local-cluster` (docs/
+fault-tolerance.md, "Executor loss under load"), the second copy removed the lost blocks but
+made every batch about twice as slow on a loaded machine, so one copy is the default.
+
+It is read when the graph is built: a graph restored from a checkpoint keeps the choice it was
+built with. Under `local[...]` the driver is the only executor and a second copy has nowhere
+to go.
+"""
+
+from __future__ import annotations
+
+from pyspark import SparkContext, StorageLevel
+
+REPLICATION_KEY = "spark.dstream.state.replication"
+_LEVELS = {"1": StorageLevel.MEMORY_ONLY, "2": StorageLevel.MEMORY_ONLY_2}
+
+
+def state_storage_level(sc: SparkContext) -> StorageLevel:
+    """The storage level of state RDDs under `sc`'s settings (see the module)."""
+    return storage_level(sc.getConf().get(REPLICATION_KEY))
+
+
+def storage_level(replication: str | None) -> StorageLevel:
+    """MEMORY_ONLY (unset or "1") or MEMORY_ONLY_2 ("2"); anything else is refused."""
+    value = "1" if replication is None else replication.strip()
+    if value not in _LEVELS:
+        raise ValueError(
+            f"{REPLICATION_KEY}: {replication!r} is not 1 or 2 (the copies of each state RDD)"
+        )
+    return _LEVELS[value]
