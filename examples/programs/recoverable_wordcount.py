@@ -20,6 +20,10 @@ import threading
 
 from engine import StreamingContext, local_spark_context
 
+# A restart first runs every batch it missed while it was down, one after another on
+# pyspark.streaming, while new ones keep coming due: with 1 s batches a 30 s restart is 30 batches
+# to catch up on, which a loaded machine that needs more than a second per batch never does.
+BATCH_SECONDS = 3
 SCHEMA = "CREATE TABLE IF NOT EXISTS totals (word TEXT PRIMARY KEY, n INTEGER)"
 
 
@@ -40,7 +44,7 @@ def save_totals(database, rdd):
 def create_context(input_dir, checkpoint_dir, database):
     print("no checkpoint to recover from: building the streaming program", flush=True)
     sc = local_spark_context("recoverable-wordcount")
-    ssc = StreamingContext(sc, 1)
+    ssc = StreamingContext(sc, BATCH_SECONDS)
     ssc.checkpoint(checkpoint_dir)
     words = ssc.textFileStream(input_dir).flatMap(str.split).map(lambda word: (word, 1))
     totals = words.updateStateByKey(add_counts)
