@@ -21,6 +21,7 @@ from pyspark import SparkContext
 
 from bench.common import DAEMONS, PARTITIONS, emit, spark_conf
 from bench.throughput import programs
+from bench.throughput.kafka_input import KafkaFeed, connector_jars
 from bench.throughput.reference import check_outputs
 from bench.throughput.systems import SYSTEM_CLASSES, System
 from bench.throughput.trial import judge
@@ -54,6 +55,7 @@ def run_trial(system: System, command: dict[str, Any]) -> dict[str, Any]:
         command["samples"],
         restricted_output(system.name, variant, workload),
         batch_ms,
+        run.inputs,
     )
     verdict = judge(
         [b.processing_ms for b in run.batches],
@@ -80,12 +82,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--daemon", choices=DAEMONS, required=True)
     parser.add_argument("--partitions", type=int, default=PARTITIONS)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--kafka", metavar="BOOTSTRAP", help="read a topic fed on this broker")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    sc = SparkContext(conf=spark_conf(args.master, args.partitions, args.daemon))
+    conf = spark_conf(args.master, args.partitions, args.daemon)
+    if args.kafka and args.system == "structured":
+        conf.set("spark.jars", ",".join(connector_jars()))
+    sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
+    kafka = KafkaFeed(args.kafka, args.partitions) if args.kafka else None
     try:
-        system = SYSTEM_CLASSES[args.system](sc, args.partitions)
+        system = SYSTEM_CLASSES[args.system](sc, args.partitions, kafka)
         emit(event="ready", system=args.system, daemon=args.daemon)
         for line in sys.stdin:
             command = json.loads(line)
