@@ -140,25 +140,27 @@ def main(argv: list[str] | None = None) -> int:
         if args.source == "kafka"
         else None
     )
-    for daemon in daemons:
+    try:
+        for daemon in daemons:
 
-        def measured(workload: str, daemon: str = daemon) -> None:
-            pending.remove(f"{workload} on {daemon}")
-            write()
+            def measured(workload: str, daemon: str = daemon) -> None:
+                pending.remove(f"{workload} on {daemon}")
+                write()
 
-        run_table(
-            daemon,
-            systems,
-            workloads,
-            variants,
-            plan,
-            gate,
-            tables.setdefault(daemon, {}),
-            measured,
-            broker.bootstrap if broker else None,
-        )
-    if broker is not None:
-        broker.stop()
+            run_table(
+                daemon,
+                systems,
+                workloads,
+                variants,
+                plan,
+                gate,
+                tables.setdefault(daemon, {}),
+                measured,
+                broker.bootstrap if broker else None,
+            )
+    finally:
+        if broker is not None:
+            broker.stop()
     label = "QUICK RUN: search trials only, no confirmation; NOT A RESULT" if args.quick else ""
     if args.allow_load:
         label = "SMOKE RUN with --allow-load (other processes loaded the machine); NOT A RESULT"
