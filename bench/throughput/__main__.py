@@ -7,7 +7,6 @@ TOOLS = {
     "profile": "profile",  # where a batch's time goes, from Spark's event log
     "stages": "stages",  # Spark stages and tasks per batch of the stateful operators
     "redis-source": "redis_source",  # the Redis Streams source against the rate source
-    "feeder": "kafka_input",  # a Kafka trial's records into its topic at its rate (internal)
     "worker": "worker",  # one system's trials, driven by `python -m bench` (internal)
 }
 

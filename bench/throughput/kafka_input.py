@@ -2,17 +2,20 @@
 the run, a fresh topic per trial, and a feeder process writing the trial's records into it at
 the trial's rate.
 
-Record v of the rate schedule (`feed`) is written to partition v % P as its offset v // P (a
-fresh topic, an idempotent producer: offset n of partition p is textgen's record (p, n)), with
-the Kafka timestamp (CreateTime) `origin + v * 1000 // rate`, and not before that time. So the
-records of interval k (the rate source's) carry timestamps in [origin + (k - 1) s, origin + k s):
-an event-time window over the Kafka timestamp holds exactly the intervals a batch window holds,
-and `reference` checks either. A batch that reads "what has arrived" holds whatever offsets it
+The feeder (`KafkaFeeder.java`, run by the JVM's source launcher on the broker's jars: it
+shares the cores with the system under test, and Java's producer costs a fraction of a Python
+call per record) writes record v of the rate schedule (`feed`) to partition v % P as its
+offset v // P (a fresh topic, an idempotent producer: offset n of partition p is textgen's
+record (p, n)), with the Kafka timestamp (CreateTime) `origin + v * 1000 // rate`, not before
+that time (`timestamp_ms` and `records_by` are its arithmetic). So the records of interval k
+(the rate source's) carry timestamps in [origin + (k - 1) s, origin + k s): an event-time
+window over the Kafka timestamp holds exactly the intervals a batch window holds, and
+`reference` checks either. A batch that reads "what has arrived" holds whatever offsets it
 read; each system reports them (dstream its batch's recorded ranges, Structured Streaming its
 progress's offsets) and the reference is computed from those.
 
 Latency is the record's Kafka timestamp to its output being committed: dstream's source
-measures it itself; for Structured Streaming `fed_latency` computes it from the same
+measures it itself; for Structured Streaming `Fed.latency` computes it from the same
 timestamps, which follow from the offsets.
 
 The broker is the tests' (`tests/kafka_server.py`, loaded from its file, as `bench.common`
@@ -22,12 +25,11 @@ installs. Structured Streaming's connector jars come from `.ci/install-spark-kaf
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import signal
 import subprocess
 import sys
-import time
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +42,7 @@ from dstream.runtime.latency import BatchLatency
 from bench.common import RECORD_BYTES, ROOT, SEED, textgen
 
 CONNECTOR_INSTALLER = ROOT / ".ci" / "install-spark-kafka"
+FEEDER = Path(__file__).resolve().with_name("KafkaFeeder.java")
 # What the Kafka trials run: Grep's lines come from the broker for every system, so the
 # rate trials' two Grep inputs (made in Python, made in the JVM) are one here.
 WORKLOADS = ("wordcount", "topk", "grep")
@@ -60,9 +63,14 @@ def kafka_server_module() -> ModuleType:
 
 def start_broker(directory: Path) -> Any:
     """A single-node KRaft broker on free loopback ports, formatted and started; `.stop()` it."""
-    server = kafka_server_module().KafkaServer(directory)
+    broker = kafka_server_module()
+    server = broker.KafkaServer(directory)
     server.format()
     server.start()
+    # one idempotent write, acknowledged: a fresh broker makes a first producer wait seconds
+    # for its producer id, which would make the first trial's records late
+    server.create_topic("bench-warmup")
+    broker.produce(server.bootstrap, "bench-warmup", [b"warm"])
     return server
 
 
@@ -123,25 +131,34 @@ class KafkaFeed:
     def __init__(self, bootstrap: str, partitions: int):
         self.bootstrap = bootstrap
         self.partitions = partitions
-        self._feeder: subprocess.Popen[bytes] | None = None
+        self._feeder: subprocess.Popen[str] | None = None
         self.current: Fed | None = None
+        self._libs = kafka_server_module().kafka_libs()  # the broker's, kafka-clients among them
+        self._pool = Path(tempfile.mkdtemp(prefix="bench-feeder-")) / "pool.txt"
+        self._pool.write_text(
+            "".join(f"{line}\n" for line in textgen.line_pool(SEED, RECORD_BYTES))
+        )
 
     def open(self, system: str, rate: int) -> Fed:
-        """A fresh topic and its feeder, whose first records are stamped two seconds on."""
+        """A fresh topic and its feeder, started."""
         from confluent_kafka.admin import AdminClient, NewTopic
 
         topic = f"bench-{system.replace('.', '-')}-{uuid.uuid4().hex[:8]}"
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         new = NewTopic(topic, num_partitions=self.partitions, replication_factor=1)
         admin.create_topics([new])[topic].result(30)
-        origin_ms = (int(time.time()) + 2) * 1000
-        self.current = Fed(self.bootstrap, topic, self.partitions, rate, origin_ms)
         self._feeder = subprocess.Popen(
-            [sys.executable, "-m", "bench.throughput", "feeder", "--bootstrap", self.bootstrap]
-            + ["--topic", topic, "--rate", str(rate), "--partitions", str(self.partitions)]
-            + ["--origin-ms", str(origin_ms)],
-            cwd=ROOT,
+            ["java", "-Xmx512m", "-XX:+UseSerialGC", "-cp", f"{self._libs}/*", str(FEEDER)]
+            + [self.bootstrap, topic, str(rate), str(self.partitions), str(SEED), str(self._pool)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
+        assert self._feeder.stdout is not None
+        started = self._feeder.stdout.readline()  # its origin, once its producer is ready
+        if not started.strip().isdigit():
+            raise RuntimeError(f"the Kafka feeder did not start (exit {self._feeder.wait()})")
+        self.current = Fed(self.bootstrap, topic, self.partitions, rate, int(started))
         return self.current
 
     def close(self) -> None:
@@ -156,45 +173,3 @@ class KafkaFeed:
             admin = AdminClient({"bootstrap.servers": self.bootstrap})
             admin.delete_topics([self.current.topic])[self.current.topic].result(30)
             self.current = None
-
-
-def feed(bootstrap: str, topic: str, rate: int, partitions: int, origin_ms: int) -> None:
-    """Write the records whose timestamps have come, every few ms, until SIGTERM."""
-    from confluent_kafka import Producer
-
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,  # a retried send never shifts an offset
-            "linger.ms": 5,
-            "queue.buffering.max.messages": 2_000_000,
-            "queue.buffering.max.kbytes": 1_048_576,
-        }
-    )
-    stopping: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
-    sent = 0
-    while not stopping:
-        due = records_by(origin_ms, rate, int(time.time() * 1000))
-        for partition in range(partitions):
-            first = -(-(sent - partition) // partitions)  # the first offset of p not yet sent
-            last = -(-(due - partition) // partitions)
-            lines = textgen.lines(SEED, RECORD_BYTES, partition, first, last)
-            for n, line in zip(range(first, last), lines, strict=True):
-                stamp = timestamp_ms(origin_ms, rate, n * partitions + partition)
-                producer.produce(topic, line.encode(), partition=partition, timestamp=stamp)
-        sent = max(sent, due)
-        producer.poll(0)
-        time.sleep(0.005)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Feed a topic at a rate (internal).")
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--topic", required=True)
-    parser.add_argument("--rate", type=int, required=True)
-    parser.add_argument("--partitions", type=int, required=True)
-    parser.add_argument("--origin-ms", type=int, required=True)
-    args = parser.parse_args(argv)
-    feed(args.bootstrap, args.topic, args.rate, args.partitions, args.origin_ms)
-    return 0
