@@ -705,6 +705,7 @@ def bench_broker(tmp_path_factory):
     server.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("system_name", "variant"), [("dstream", "tuned"), ("structured", "expert")]
 )

@@ -137,7 +137,11 @@ class System:
         if self.kafka is not None:
             self.kafka.close()
         outputs = {self.interval(t): digest for t, digest in programs.OUTPUTS.items()}
-        return TrialRun(batches, [self.interval(b.key) for b in batches], outputs, inputs)
+        return TrialRun(batches, self.intervals(batches), outputs, inputs)
+
+    def intervals(self, batches: list[Batch]) -> list[int]:
+        """The k whose output each measured batch committed (what the checker samples)."""
+        return [self.interval(b.key) for b in batches]
 
     @property
     def fed(self) -> Fed:
@@ -570,6 +574,14 @@ class StructuredSystem(System):
             batch.latency_p50_ms = measured and 1000 * measured.p50_s
             batch.latency_p99_ms = measured and 1000 * measured.p99_s
         return batches
+
+    def intervals(self, batches: list[Batch]) -> list[int]:
+        """Over Kafka, a micro-batch's id says nothing of the windows it closed (its first
+        one read all the seconds since the feeder's origin): the newest window each closed."""
+        if self.kafka is None or not self._appends:
+            return super().intervals(batches)
+        closed = [[k for k, b in self._emitted.items() if b == batch.key] for batch in batches]
+        return [max(ks) for ks in closed if ks]
 
     def _by_id(self, batch_id: int) -> dict[str, Any]:
         return next(p for p in self._progress if p["batchId"] == batch_id)
