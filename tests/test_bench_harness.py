@@ -721,7 +721,8 @@ def test_a_kafka_trial_reads_the_fed_topic_and_passes_the_checker(
     worker = Worker(system_name, "dstream.worker.pydaemon", kafka=bench_broker.bootstrap)
     try:
         command = {"workload": "wordcount", "variant": variant, "rate": 200, "warmup": 2}
-        event = worker.trial({**command, "measured": 3, "samples": 3, "confirmation": False})
+        command |= {"measured": 3, "samples": 3, "confirmation": False, "timeout_s": 300}
+        event = worker.trial(command)
     finally:
         worker.close()
     verdict = event["verdict"]

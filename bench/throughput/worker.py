@@ -3,7 +3,8 @@
 The parent (`searches`, run by `python -m bench`) keeps one worker per system alive and
 interleaves their trials: it
 writes one JSON command per line on the worker's stdin ({"workload", "variant", "rate",
-"warmup", "measured", "samples"}) and reads one JSON result per line from its stdout. The worker
+"warmup", "measured", "samples"}, optionally "batch_ms" and "timeout_s": a test's room on a
+loaded machine) and reads one JSON result per line from its stdout. The worker
 checks the trial's sampled outputs against `reference` before judging its speed.
 """
 
@@ -43,7 +44,7 @@ def run_trial(system: System, command: dict[str, Any]) -> dict[str, Any]:
     warmup, measured = command["warmup"], command["measured"]
     batch_ms = command.get("batch_ms", 1000)
     began = time.monotonic()
-    timeout_s = timeout_for(warmup + measured)
+    timeout_s = command.get("timeout_s") or timeout_for(warmup + measured)
     run = system.run(workload, variant, rate, warmup, measured, timeout_s, batch_ms)
     seconds = time.monotonic() - began
     check = check_outputs(
