@@ -4,6 +4,8 @@ A trial's outputs are digests (`programs`): a grep count, a window's word-count 
 (distinct words, total count, a checksum over every (word, count) pair) or the top-k list. The
 reference here recomputes them from `feed.batch_slices` and `textgen.lines`, without Spark and
 without any engine code, so an engine that drops, duplicates or misplaces records fails its trial.
+Where a batch holds what a broker had, not an interval (`kafka_input`), the reference is computed
+from the offsets the batch read (`expected_of`).
 
 `restricted=True` is the semantics of Structured Streaming's update mode on a sliding window:
 a micro-batch outputs the window's counts only for the words that occur in that micro-batch.
