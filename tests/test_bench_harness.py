@@ -706,6 +706,7 @@ def bench_broker(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(480)  # a worker's JVM start, then a trial given up to 240 s
 @pytest.mark.parametrize(
     ("system_name", "variant"), [("dstream", "tuned"), ("structured", "expert")]
 )
@@ -721,7 +722,7 @@ def test_a_kafka_trial_reads_the_fed_topic_and_passes_the_checker(
     worker = Worker(system_name, "dstream.worker.pydaemon", kafka=bench_broker.bootstrap)
     try:
         command = {"workload": "wordcount", "variant": variant, "rate": 200, "warmup": 2}
-        command |= {"measured": 3, "samples": 3, "confirmation": False, "timeout_s": 300}
+        command |= {"measured": 3, "samples": 3, "confirmation": False, "timeout_s": 240}
         event = worker.trial(command)
     finally:
         worker.close()
