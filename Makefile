@@ -29,9 +29,11 @@ debian-packages:
 	bash .ci/install-debian-packages
 
 # The Kafka broker the connector tests start (.ci/install-kafka: Maven Central, cached in
-# /var/cache/dstream-kafka).
+# /var/cache/dstream-kafka), and Structured Streaming's Kafka connector, which the Kafka benchmark
+# gives its peer (.ci/install-spark-kafka, cached in /var/cache/dstream-spark-kafka).
 kafka: debian-packages
 	bash .ci/install-kafka >/dev/null
+	bash .ci/install-spark-kafka >/dev/null
 
 # Most tests wait on batch intervals and JVM starts more than they use the CPU, so they run on
 # TEST_WORKERS xdist workers; the `solo` tests (they assert rates and delays) then run alone.
@@ -84,10 +86,10 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install --progress-bar off -e '.[test,bench]'
 	touch $(BENCH_STAMP)
 
-bench: setup $(BENCH_STAMP)
+bench: setup $(BENCH_STAMP) kafka
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
-bench-quick: setup $(BENCH_STAMP)
+bench-quick: setup $(BENCH_STAMP) kafka
 	$(BIN)/python -m bench --quick $(BENCH_ARGS)
 
 # An overload step, dstream against pyspark.streaming (a few minutes; bench/README.md), and the

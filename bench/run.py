@@ -25,15 +25,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from bench.common import DAEMONS, RESULTS
 from bench.machine import describe_machine, git_commit
 from bench.recovery.faults import run_recovery
 from bench.report import load_report, write_report
+from bench.throughput.kafka_input import WORKLOADS as KAFKA_WORKLOADS
+from bench.throughput.kafka_input import start_broker
 from bench.throughput.searches import PLANS, Gate, progress, run_table, summary_lines
 from bench.throughput.systems import SYSTEMS, WORKLOADS
 
@@ -50,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="short searches, no confirmation")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--workloads", default=None, help="comma list (default: all)")
     parser.add_argument("--variants", default=None, help="comma list (default: all)")
     parser.add_argument("--daemons", default=",".join(DAEMONS))
     parser.add_argument("--no-recovery", action="store_true", help="skip recovery experiments")
@@ -61,6 +65,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="MS",
         help="batch interval (Structured Streaming: trigger interval) of the trials, in ms "
         "(e.g. 500); other than 1000 excludes the recovery experiments",
+    )
+    parser.add_argument(
+        "--source",
+        choices=("rate", "kafka"),
+        default="rate",
+        help="kafka: every trial reads a topic fed at its rate on a broker started for the run "
+        "(bench/README.md, 'Kafka'); trials only, add --no-recovery",
     )
     parser.add_argument("--busy-cores", type=float, default=0.25, help="others' CPU limit")
     parser.add_argument("--busy-block", type=float, default=10.0, help="seconds per stretch")
@@ -83,10 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = replace(PLANS["quick" if args.quick else "full"], batch_ms=args.batch_interval)
     gate = Gate(args.busy_cores, args.busy_block, args.retries, args.allow_load)
-    systems, workloads = args.systems.split(","), args.workloads.split(",")
+    offered = KAFKA_WORKLOADS if args.source == "kafka" else WORKLOADS
+    systems, workloads = args.systems.split(","), (args.workloads or ",".join(offered)).split(",")
+    if set(workloads) - set(offered):
+        parser.error(f"--workloads: {args.source} trials run {', '.join(offered)}")
     recovers = not (args.quick or args.allow_load or args.no_recovery)
     if plan.batch_ms != 1000 and recovers:
         parser.error(f"--batch-interval {plan.batch_ms}: trials only; add --no-recovery")
+    if args.source == "kafka" and recovers:
+        parser.error("--source kafka: trials only; add --no-recovery")
     variants = set(args.variants.split(",")) if args.variants else None
     machine = describe_machine()
     started = time.time()
@@ -119,22 +135,32 @@ def main(argv: list[str] | None = None) -> int:
             )
             progress(f"results{' so far' if pending else ''}: {path}")
 
-    for daemon in daemons:
+    broker = (
+        start_broker(Path(tempfile.mkdtemp(prefix="bench-kafka-")))
+        if args.source == "kafka"
+        else None
+    )
+    try:
+        for daemon in daemons:
 
-        def measured(workload: str, daemon: str = daemon) -> None:
-            pending.remove(f"{workload} on {daemon}")
-            write()
+            def measured(workload: str, daemon: str = daemon) -> None:
+                pending.remove(f"{workload} on {daemon}")
+                write()
 
-        run_table(
-            daemon,
-            systems,
-            workloads,
-            variants,
-            plan,
-            gate,
-            tables.setdefault(daemon, {}),
-            measured,
-        )
+            run_table(
+                daemon,
+                systems,
+                workloads,
+                variants,
+                plan,
+                gate,
+                tables.setdefault(daemon, {}),
+                measured,
+                broker.bootstrap if broker else None,
+            )
+    finally:
+        if broker is not None:
+            broker.stop()
     label = "QUICK RUN: search trials only, no confirmation; NOT A RESULT" if args.quick else ""
     if args.allow_load:
         label = "SMOKE RUN with --allow-load (other processes loaded the machine); NOT A RESULT"

@@ -644,3 +644,90 @@ def test_half_second_batches_are_judged_and_searched_against_their_interval():
     half = RateSearch(50_000, 6, 0.1, True, interval_ms=500)
     assert half.target_ms == pytest.approx(475)
     assert feed.batch_slices(300, 2, 3, 500) == [(0, 150, 225), (1, 150, 225)]
+
+
+def test_kafka_offsets_read_are_checked_against_the_reference_of_those_offsets():
+    """A broker's batches hold what had arrived, not an interval: the reference is computed
+    from the slices each batch read (window: the batches' slices together)."""
+    inputs = {1: ((0, 0, 70), (1, 0, 65)), 2: ((0, 70, 150), (1, 65, 150)), 3: ()}
+    lines = textgen.lines(SEED, RECORD_BYTES, 0, 0, 150) + textgen.lines(
+        SEED, RECORD_BYTES, 1, 0, 150
+    )
+    truth = {2: count_digest(Counter(w for line in lines for w in line.split()))}
+    assert check_outputs("wordcount", 0, 2, truth, [2], 1, inputs=inputs).ok
+    one_more = {**inputs, 2: ((0, 70, 151), (1, 65, 150))}  # a record it did not read
+    assert not check_outputs("wordcount", 0, 2, truth, [2], 1, inputs=one_more).ok
+    grep = {
+        2: sum(
+            reference.GREP_PATTERN in line
+            for p in (0, 1)
+            for line in textgen.lines(SEED, RECORD_BYTES, p, *inputs[2][p][1:])
+        )
+    }
+    assert check_outputs("grep", 0, 2, grep, [2], 1, inputs=inputs).ok
+    unknown = check_outputs("grep", 0, 2, grep, [4], 1, inputs=inputs)
+    assert not unknown.ok and "batch 4: its input was not recorded" in unknown.reason
+
+
+def test_kafka_feed_stamps_records_on_the_rate_schedule_and_latency_follows():
+    """Record v's Kafka timestamp is origin + v * 1000 // rate, so interval k's records fall in
+    event-time window k; a micro-batch's latency comes from those timestamps."""
+    from bench.throughput.kafka_input import Fed, records_by, timestamp_ms
+    from bench.throughput.systems import progress_slices
+
+    rate, origin = 300, 1_000_000
+    firsts = [timestamp_ms(origin, rate, v) for v in (0, 299, 300)]
+    assert firsts == [origin, origin + 996, origin + 1000]
+    assert records_by(origin, rate, origin - 1) == 0
+    assert records_by(origin, rate, origin + 999) == 300  # all of interval 1
+    fed = Fed("127.0.0.1:1", "t", 2, rate, origin)
+    interval_one = reference.interval_slices(rate, 2, 1)
+    committed = fed.latency(list(interval_one), origin + 1500)
+    assert committed is not None and committed.records == 300
+    assert 0.5 <= committed.p50_s <= 1.0 < committed.p99_s <= 1.5
+    assert fed.latency([(0, 5, 5)], origin) is None
+    progress = {"sources": [{"startOffset": None, "endOffset": {"t": {"1": 9, "0": 10}}}]}
+    assert progress_slices(progress) == ((0, 0, 10), (1, 0, 9))
+    later = {
+        "sources": [
+            {"startOffset": {"t": {"0": 10, "1": 9}}, "endOffset": {"t": {"0": 12, "1": 9}}}
+        ]
+    }
+    assert progress_slices(later) == ((0, 10, 12), (1, 9, 9))
+
+
+@pytest.fixture(scope="module")
+def bench_broker(tmp_path_factory):
+    from bench.throughput.kafka_input import start_broker
+
+    server = start_broker(tmp_path_factory.mktemp("bench-kafka"))
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)  # a worker's JVM start, then a trial given up to 240 s
+@pytest.mark.parametrize(
+    ("system_name", "variant"), [("dstream", "tuned"), ("structured", "expert")]
+)
+def test_a_kafka_trial_reads_the_fed_topic_and_passes_the_checker(
+    bench_broker, system_name, variant
+):
+    """`--source kafka` end to end, as `python -m bench` runs it: the system's worker process
+    (Structured Streaming with spark-sql-kafka on its classpath) reads a topic fed at the
+    trial's rate, and its WordCount outputs match the reference of what it read (a tiny rate:
+    about correctness, not speed); every measured batch's latency is measured."""
+    from bench.throughput.searches import Worker
+
+    worker = Worker(system_name, "dstream.worker.pydaemon", kafka=bench_broker.bootstrap)
+    try:
+        command = {"workload": "wordcount", "variant": variant, "rate": 200, "warmup": 2}
+        command |= {"measured": 3, "samples": 3, "confirmation": False, "timeout_s": 240}
+        event = worker.trial(command)
+    finally:
+        worker.close()
+    verdict = event["verdict"]
+    assert verdict["kind"] != WRONG, verdict["reason"]
+    assert len(event["checked_batches"]) == 3 and verdict["batches"] == 3
+    assert sum(b["records"] for b in event["batches"]) > 0
+    assert all(b["latency_p99_ms"] is not None for b in event["batches"])

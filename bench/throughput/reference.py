@@ -4,6 +4,8 @@ A trial's outputs are digests (`programs`): a grep count, a window's word-count 
 (distinct words, total count, a checksum over every (word, count) pair) or the top-k list. The
 reference here recomputes them from `feed.batch_slices` and `textgen.lines`, without Spark and
 without any engine code, so an engine that drops, duplicates or misplaces records fails its trial.
+Where a batch holds what a broker had, not an interval (`kafka_input`), the reference is computed
+from the offsets the batch read (`expected_of`).
 
 `restricted=True` is the semantics of Structured Streaming's update mode on a sliding window:
 a micro-batch outputs the window's counts only for the words that occur in that micro-batch.
@@ -43,48 +45,60 @@ def top_k(counts: dict[str, int], k: int = TOP_K) -> list[list[Any]]:
     return [[w, c] for w, c in ranked[:k]]
 
 
-@lru_cache(maxsize=64)
-def batch_lines(rate: int, partitions: int, k: int, batch_ms: int = 1000) -> Counter[str]:
-    """How often each line occurs in batch k (1-based) of a stream at `rate` records/s."""
+# A batch's input: (partition, start offset, end offset) of each of its slices.
+Slices = tuple[tuple[int, int, int], ...]
+
+
+@lru_cache(maxsize=128)
+def slice_lines(slices: Slices) -> Counter[str]:
+    """How often each line occurs in the records of `slices` (record (p, n) is textgen's line
+    of partition p, offset n: the rate source's, and the Kafka feeder's offset n of p)."""
     lines: Counter[str] = Counter()
-    for partition, start, end in feed.batch_slices(rate, partitions, k, batch_ms):
+    for partition, start, end in slices:
         lines.update(textgen.lines(SEED, RECORD_BYTES, partition, start, end))
     return lines
 
 
-@lru_cache(maxsize=64)
-def batch_words(rate: int, partitions: int, k: int, batch_ms: int = 1000) -> Counter[str]:
+@lru_cache(maxsize=128)
+def slice_words(slices: Slices) -> Counter[str]:
     words: Counter[str] = Counter()
-    for line, times in batch_lines(rate, partitions, k, batch_ms).items():
+    for line, times in slice_lines(slices).items():
         for word in line.split():
             words[word] += times
     return words
 
 
-def window_words(rate: int, partitions: int, k: int, batch_ms: int = 1000) -> Counter[str]:
-    """Word counts of the window (WINDOW_BATCHES seconds) ending with batch k (the batches of
-    the window that exist)."""
-    total: Counter[str] = Counter()
-    for j in range(max(1, k - WINDOW_BATCHES * 1000 // batch_ms + 1), k + 1):
-        total.update(batch_words(rate, partitions, j, batch_ms))
-    return total
+def interval_slices(rate: int, partitions: int, k: int, batch_ms: int = 1000) -> Slices:
+    """The records of interval k (1-based) of a stream at `rate` records/s."""
+    return tuple(feed.batch_slices(rate, partitions, k, batch_ms))
+
+
+def window_of(k: int, batch_ms: int = 1000) -> range:
+    """The batches of the window (WINDOW_BATCHES seconds) ending with batch k (those that
+    exist)."""
+    return range(max(1, k - WINDOW_BATCHES * 1000 // batch_ms + 1), k + 1)
+
+
+def expected_of(workload: str, window: list[Slices], restricted: bool = False) -> Any:
+    """The digest of the output whose own batch's input is window[-1] and whose window's
+    inputs are `window` (only the last counts for grep)."""
+    if workload in ("grep", "grep-jvm"):  # programs.GREPS: the same lines, made elsewhere
+        return sum(n for line, n in slice_lines(window[-1]).items() if GREP_PATTERN in line)
+    counts: Counter[str] = Counter()
+    for slices in window:
+        counts.update(slice_words(slices))
+    if restricted:
+        present = slice_words(window[-1])
+        counts = Counter({w: c for w, c in counts.items() if w in present})
+    return count_digest(counts) if workload == "wordcount" else top_k(counts)
 
 
 def expected(
     workload: str, rate: int, partitions: int, k: int, restricted: bool, batch_ms: int = 1000
 ) -> Any:
-    """The digest batch k's output must have."""
-    if workload in ("grep", "grep-jvm"):  # programs.GREPS: the same lines, made elsewhere
-        return sum(
-            n
-            for line, n in batch_lines(rate, partitions, k, batch_ms).items()
-            if GREP_PATTERN in line
-        )
-    counts = window_words(rate, partitions, k, batch_ms)
-    if restricted:
-        present = batch_words(rate, partitions, k, batch_ms)
-        counts = Counter({w: c for w, c in counts.items() if w in present})
-    return count_digest(counts) if workload == "wordcount" else top_k(counts)
+    """The digest batch k's output must have, batch j holding interval j."""
+    window = [interval_slices(rate, partitions, j, batch_ms) for j in window_of(k, batch_ms)]
+    return expected_of(workload, window, restricted)
 
 
 @dataclass
@@ -115,14 +129,24 @@ def check_outputs(
     samples: int = 4,
     restricted: bool = False,
     batch_ms: int = 1000,
+    inputs: dict[int, Slices] | None = None,
 ) -> Check:
     """Compare sampled measured batches' outputs with the reference; a missing or empty output
-    is wrong too (a system that printed nothing has not done the work)."""
+    is wrong too (a system that printed nothing has not done the work). Batch k holds
+    interval k, or, where `inputs` is given (a broker's batches hold what had arrived), the
+    slices recorded for it."""
     if not measured:
         return Check(False, "no batch completed", [])
     checked = sample_batches(measured, samples)
     for k in checked:
-        want = expected(workload, rate, partitions, k, restricted, batch_ms)
+        if inputs is None:
+            want = expected(workload, rate, partitions, k, restricted, batch_ms)
+        else:
+            unknown = [j for j in window_of(k, batch_ms) if j not in inputs]
+            if unknown:
+                return Check(False, f"batch {unknown[0]}: its input was not recorded", checked)
+            window = [inputs[j] for j in window_of(k, batch_ms)]
+            want = expected_of(workload, window, restricted)
         got = outputs.get(k)
         if got is None:
             return Check(False, f"batch {k}: no output", checked)

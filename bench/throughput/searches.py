@@ -29,6 +29,11 @@ from bench.throughput.trial import BUSY, Verdict, percentile
 
 START_RATES = {"grep": 200_000, "grep-jvm": 200_000, "wordcount": 50_000, "topk": 50_000}
 CORES = 2  # the workers' local[2]
+NO_KAFKA_SOURCE = {
+    "status": "no Kafka source",
+    "rate": None,
+    "reason": "PySpark removed its Kafka DStream API (KafkaUtils) in Spark 3.0, SPARK-25705",
+}
 CEILING_LINES, CEILING_ROUNDS = 200_000, 2
 
 
@@ -60,11 +65,14 @@ class Worker:
     """A `bench.throughput.worker` process: one system's JVM, taking trial commands one at a
     time."""
 
-    def __init__(self, system: str, daemon: str, master: str = "local[2]"):
+    def __init__(
+        self, system: str, daemon: str, master: str = "local[2]", kafka: str | None = None
+    ):
         self.process = start_process(
             [sys.executable, "-m", "bench.throughput", "worker", "--system", system]
             + ["--daemon", daemon]
-            + ["--master", master],
+            + ["--master", master]
+            + (["--kafka", kafka] if kafka else []),
             f"{system}-{daemon}.log",
             stdin=True,
         )
@@ -275,25 +283,32 @@ def run_table(
     gate: Gate,
     table: dict[str, Any],
     measured: Callable[[str], None],
+    kafka: str | None = None,
 ) -> None:
     """Every (system, variant) on `daemon` into `table` ({workload: {"system/variant": row}}),
-    calling `measured` with each workload when its rows are in."""
-    progress(f"== worker daemon {daemon}: starting {', '.join(systems)}")
-    workers = {system: Worker(system, daemon) for system in systems}
+    calling `measured` with each workload when its rows are in. With `kafka` (a broker's
+    bootstrap), every trial reads a topic fed on it (rows named "(kafka)"); a system without
+    a Kafka source gets a row saying so, and Structured Streaming runs its expert formulation."""
+    readers = [s for s in systems if kafka is None or SYSTEM_CLASSES[s].reads_kafka]
+    progress(f"== worker daemon {daemon}: starting {', '.join(readers)}")
+    workers = {system: Worker(system, daemon, kafka=kafka) for system in readers}
     pairs = [
         (system, variant)
-        for system in systems
+        for system in readers
         for variant in SYSTEM_CLASSES[system].variants
-        if variants is None or variant in variants
+        if (variants is None or variant in variants) and (kafka is None or variant != "plain")
     ]
+    source = " (kafka)" if kafka else ""
     try:
         for workload in workloads:
             progress(f"== {workload} on {daemon}: {len(pairs)} searches, interleaved")
             rows = search_workload(workers, pairs, workload, plan, gate)
-            suffix = "" if plan.batch_ms == 1000 else f" ({plan.batch_ms} ms batches)"
+            suffix = source + ("" if plan.batch_ms == 1000 else f" ({plan.batch_ms} ms batches)")
             table.setdefault(workload, {}).update(
                 {f"{s}/{v}{suffix}": row for (s, v), row in rows.items()}
             )
+            for system in sorted(set(systems) - set(readers)):
+                table[workload][f"{system}{suffix}"] = NO_KAFKA_SOURCE
             measured(workload)
     finally:
         for worker in workers.values():

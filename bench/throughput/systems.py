@@ -31,7 +31,14 @@ from pyspark import SparkContext
 
 from bench.common import RECORD_BYTES, SEED
 from bench.throughput import feed, programs
-from bench.throughput.reference import GREP_PATTERN, TOP_K, WINDOW_BATCHES
+from bench.throughput.kafka_input import WATERMARK_DELAY, Fed, KafkaFeed
+from bench.throughput.reference import (
+    GREP_PATTERN,
+    TOP_K,
+    WINDOW_BATCHES,
+    Slices,
+    interval_slices,
+)
 
 WORKLOADS = programs.WORKLOADS
 
@@ -63,6 +70,7 @@ class TrialRun:
     batches: list[Batch]
     intervals: list[int]  # k of each measured batch
     outputs: dict[int, Any]  # k -> digest, every batch that output
+    inputs: dict[int, Slices] | None = None  # k -> what batch k read, where not interval k
 
 
 class System:
@@ -70,10 +78,12 @@ class System:
 
     name = ""
     variants: tuple[str, ...] = ()
+    reads_kafka = True  # whether it has a Kafka source on this Spark
 
-    def __init__(self, sc: SparkContext, partitions: int):
+    def __init__(self, sc: SparkContext, partitions: int, kafka: KafkaFeed | None = None):
         self.sc = sc
         self.partitions = partitions
+        self.kafka = kafka  # trials read a topic it feeds, instead of the rate source
         self.on_batch: Callable[[Batch], None] | None = None  # live report (recovery runs)
         self.batch_ms = 1000  # the batch interval of the jobs `start` starts (`run` sets it)
         self._batches: list[Batch] = []
@@ -109,6 +119,8 @@ class System:
         self._batches = []
         programs.OUTPUTS.clear()
         workdir = tempfile.mkdtemp(prefix=f"bench-{self.name}-")
+        if self.kafka is not None:
+            self.kafka.open(self.name, rate)
         try:
             stop = self.start(workload, variant, rate, workdir)
             try:
@@ -121,8 +133,25 @@ class System:
             for rdd in self.sc._jsc.getPersistentRDDs().values():
                 rdd.unpersist(False)
         batches = self._measured(warmup)[:measured]
+        inputs = self.inputs(workload)
+        if self.kafka is not None:
+            self.kafka.close()
         outputs = {self.interval(t): digest for t, digest in programs.OUTPUTS.items()}
-        return TrialRun(batches, [self.interval(b.key) for b in batches], outputs)
+        return TrialRun(batches, self.intervals(batches), outputs, inputs)
+
+    def intervals(self, batches: list[Batch]) -> list[int]:
+        """The k whose output each measured batch committed (what the checker samples)."""
+        return [self.interval(b.key) for b in batches]
+
+    @property
+    def fed(self) -> Fed:
+        """The topic of the running Kafka trial."""
+        assert self.kafka is not None and self.kafka.current is not None
+        return self.kafka.current
+
+    def inputs(self, workload: str) -> dict[int, Slices] | None:
+        """What each batch k read, where that is not interval k: None for the rate source."""
+        return None
 
     def _measured(self, warmup: int) -> list[Batch]:
         return self._batches[warmup:]
@@ -147,11 +176,20 @@ class DStreamSystem(System):
     name = "dstream"
     variants = programs.VARIANTS
 
+    def __init__(self, sc: SparkContext, partitions: int, kafka: KafkaFeed | None = None):
+        super().__init__(sc, partitions, kafka)
+        self.read: dict[int, Slices] = {}  # batch time -> the Kafka offsets it read
+
     def start(self, workload: str, variant: str, rate: int, checkpoint: str) -> Callable[[], None]:
         from dstream import StreamingContext
 
+        self.read = {}
+
         def setup() -> Any:
             ssc = StreamingContext(self.sc, self.batch_ms / 1000)
+            if self.kafka is not None:
+                programs.build(workload, variant, kafka_lines(ssc, self.fed), self.batch_ms / 1000)
+                return ssc
             lines = ssc.rateStream(rate, self.partitions, SEED, RECORD_BYTES)
             if workload in programs.JVM_LINES:  # its batches' times and latency stay the rate's
                 origin: dict[str, int | None] = {"ms": None}
@@ -169,9 +207,26 @@ class DStreamSystem(System):
     def interval(self, key: int) -> int:
         return (key - self._graph.zero_ms) // self.batch_ms
 
+    def inputs(self, workload: str) -> dict[int, Slices] | None:
+        if self.kafka is None:
+            return None
+        return {self.interval(t): slices for t, slices in self.read.items()}
+
+
+def kafka_lines(ssc: Any, fed: Fed) -> Any:
+    """dstream's Kafka source on the trial's topic, from its first offset, with the settings a
+    user leaves alone: one task per partition (the cores), no cap per batch."""
+    from dstream.connectors.kafka_source import KafkaInputDStream
+    from dstream.spec import KafkaSource
+
+    settings = KafkaSource.model_validate(
+        {"bootstrapServers": fed.bootstrap, "topics": [fed.topic], "startingOffsets": "earliest"}
+    )
+    return KafkaInputDStream(ssc, settings)
+
 
 class _DStreamCollector:
-    def __init__(self, system: System):
+    def __init__(self, system: DStreamSystem):
         self._system = system
 
     def onBatchCompleted(self, event: Any) -> None:
@@ -179,6 +234,9 @@ class _DStreamCollector:
         if info.error is not None:
             return
         measured = info.latency  # what /v1/batches and the latency histogram report
+        if "kafka" in info.ranges:
+            read = [(p, a, b) for _topic, p, a, b in info.ranges["kafka"]["slices"]]
+            self._system.read[info.batch_time_ms] = tuple(read)
         self._system._record(
             Batch(
                 info.batch_time_ms,
@@ -199,6 +257,8 @@ class LegacySystem(System):
 
     name = "pyspark.streaming"
     variants = programs.VARIANTS
+    # Its Kafka DStream API (KafkaUtils) was removed from PySpark in Spark 3.0 (SPARK-25705).
+    reads_kafka = False
 
     def start(self, workload: str, variant: str, rate: int, checkpoint: str) -> Callable[[], None]:
         from pyspark.streaming import StreamingContext
@@ -339,10 +399,10 @@ class StructuredSystem(System):
         "expert": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
     }
 
-    def __init__(self, sc: SparkContext, partitions: int):
+    def __init__(self, sc: SparkContext, partitions: int, kafka: KafkaFeed | None = None):
         from pyspark.sql import SparkSession
 
-        super().__init__(sc, partitions)
+        super().__init__(sc, partitions, kafka)
         self.spark = SparkSession(sc)
         self.spark.conf.set("spark.sql.ansi.enabled", "false")  # feed.pool_index_column wraps
         self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))  # state partitions
@@ -364,6 +424,8 @@ class StructuredSystem(System):
         Lines made in the JVM (the pool joined by index), or in Python (`feed.python_lines`)."""
         from pyspark.sql import functions as sf
 
+        if self.kafka is not None:
+            return self.kafka_lines()
         reader = self.spark.readStream.option("numPartitions", self.partitions)
         if wall_clock:
             source = reader.format("rate").option("rowsPerSecond", rate).load()
@@ -383,11 +445,30 @@ class StructuredSystem(System):
         indexed = source.withColumn("idx", feed.pool_index_column("value", self.partitions, SEED))
         return indexed.join(sf.broadcast(self.pool), "idx").select("line", "timestamp")
 
+    def kafka_lines(self) -> Any:
+        """The trial's topic as (line, timestamp) rows, the Kafka timestamp as event time. As
+        an expert sets it for a latency target: every trigger reads all that has arrived (no
+        maxOffsetsPerTrigger: a cap only leaves records waiting), one task per partition (no
+        minPartitions: there are as many partitions as cores), from the topic's start."""
+        from pyspark.sql import functions as sf
+
+        fed = self.fed
+        source = (
+            self.spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", fed.bootstrap)
+            .option("subscribe", fed.topic)
+            .option("startingOffsets", "earliest")
+            .load()
+        )
+        return source.select(sf.col("value").cast("string").alias("line"), "timestamp")
+
     def start(
         self, workload: str, variant: str, rate: int, checkpoint: str, wall_clock: bool = False
     ) -> Callable[[], None]:
         from pyspark.sql import functions as sf
 
+        if self.kafka is not None and variant != "expert":
+            raise ValueError(f"structured {variant}: reads the rate source only (Kafka: expert)")
         self._progress = []
         self._emitted = {}
         self._appends = self.output_lag(workload, variant) > 0
@@ -399,6 +480,8 @@ class StructuredSystem(System):
         )
         expert = variant == "expert"
         start_ms = (int(time.time()) - 60) * 1000  # whole seconds: window ends are aligned
+        if self.kafka is not None:
+            start_ms = self.fed.origin_ms  # window k ends k s after the first timestamp
         in_jvm = workload not in programs.GREPS or workload in programs.JVM_LINES
         lines = self.lines(rate, start_ms, wall_clock, in_jvm)
         if workload in programs.GREPS:
@@ -410,7 +493,7 @@ class StructuredSystem(System):
         else:
             words = lines.select(
                 sf.explode(sf.split(sf.trim("line"), " +")).alias("word"), "timestamp"
-            ).withWatermark("timestamp", "0 seconds" if expert else "1 second")
+            ).withWatermark("timestamp", self.watermark_delay(expert))
             slide, length = f"{self.batch_ms} milliseconds", f"{WINDOW_BATCHES} seconds"
             if expert:
                 per_interval = words.groupBy(sf.window("timestamp", slide), "word").count()
@@ -429,8 +512,22 @@ class StructuredSystem(System):
         )
         return self._query.stop
 
+    def watermark_delay(self, expert: bool) -> str:
+        """rate-micro-batch's rows come in order (the expert's 0 s); a topic's partitions are
+        read as far as each has got (kafka_input.WATERMARK_DELAY)."""
+        if self.kafka is not None:
+            return WATERMARK_DELAY
+        return "0 seconds" if expert else "1 second"
+
     def output_lag(self, workload: str, variant: str) -> int:
         return self.OUTPUT_LAG if variant == "expert" and workload not in programs.GREPS else 0
+
+    def inputs(self, workload: str) -> dict[int, Slices] | None:
+        """Grep over Kafka: what each micro-batch read (its windows hold intervals by their
+        timestamps, so WordCount's need none)."""
+        if self.kafka is None or workload not in programs.GREPS:
+            return None
+        return {self.interval(p["batchId"]): progress_slices(p) for p in self._progress}
 
     def interval(self, key: int) -> int:
         return key + 1  # batch id b holds rows [b * rows, (b + 1) * rows): interval b + 1
@@ -460,7 +557,48 @@ class StructuredSystem(System):
 
     def _measured(self, warmup: int) -> list[Batch]:
         emitted = self._emitted if self._appends else None
-        return structured_batches(self._progress, warmup, self._rate, self.batch_ms, emitted)
+        if self.kafka is None:
+            return structured_batches(self._progress, warmup, self._rate, self.batch_ms, emitted)
+        fed = self.fed
+
+        def read_by(progress: dict[str, Any]) -> list[tuple[int, int, int]]:
+            """The records whose output micro-batch `progress` committed."""
+            if emitted is None:
+                return list(progress_slices(progress))
+            closed = [k for k, b in emitted.items() if b == progress["batchId"]]
+            return [s for k in closed for s in interval_slices(fed.rate, fed.partitions, k)]
+
+        batches = structured_batches(self._progress, warmup, self._rate, self.batch_ms)
+        for batch in batches:  # key: the micro-batch id
+            measured = fed.latency(read_by(self._by_id(batch.key)), batch.end_ms)
+            batch.latency_p50_ms = measured and 1000 * measured.p50_s
+            batch.latency_p99_ms = measured and 1000 * measured.p99_s
+        return batches
+
+    def intervals(self, batches: list[Batch]) -> list[int]:
+        """Over Kafka, a micro-batch's id says nothing of the windows it closed (its first
+        one read all the seconds since the feeder's origin): the newest window each closed."""
+        if self.kafka is None or not self._appends:
+            return super().intervals(batches)
+        closed = [[k for k, b in self._emitted.items() if b == batch.key] for batch in batches]
+        return [max(ks) for ks in closed if ks]
+
+    def _by_id(self, batch_id: int) -> dict[str, Any]:
+        return next(p for p in self._progress if p["batchId"] == batch_id)
+
+
+def progress_slices(progress: dict[str, Any]) -> Slices:
+    """The Kafka offsets a micro-batch read, from its progress (a first micro-batch has no
+    start offsets: it read from each partition's start, 0 on a fresh topic)."""
+    source = progress["sources"][0]
+    start = source.get("startOffset") or {}
+    end = source.get("endOffset") or {}
+    read = []
+    for topic, offsets in end.items():
+        for partition, until in offsets.items():
+            begin = start.get(topic, {}).get(partition, 0)
+            read.append((int(partition), int(begin), int(until)))
+    return tuple(sorted(read))
 
 
 def _record_count(df: Any, batch_id: int) -> None:

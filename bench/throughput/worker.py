@@ -3,7 +3,8 @@
 The parent (`searches`, run by `python -m bench`) keeps one worker per system alive and
 interleaves their trials: it
 writes one JSON command per line on the worker's stdin ({"workload", "variant", "rate",
-"warmup", "measured", "samples"}) and reads one JSON result per line from its stdout. The worker
+"warmup", "measured", "samples"}, optionally "batch_ms" and "timeout_s": a test's room on a
+loaded machine) and reads one JSON result per line from its stdout. The worker
 checks the trial's sampled outputs against `reference` before judging its speed.
 """
 
@@ -21,6 +22,7 @@ from pyspark import SparkContext
 
 from bench.common import DAEMONS, PARTITIONS, emit, spark_conf
 from bench.throughput import programs
+from bench.throughput.kafka_input import KafkaFeed, connector_jars
 from bench.throughput.reference import check_outputs
 from bench.throughput.systems import SYSTEM_CLASSES, System
 from bench.throughput.trial import judge
@@ -42,7 +44,7 @@ def run_trial(system: System, command: dict[str, Any]) -> dict[str, Any]:
     warmup, measured = command["warmup"], command["measured"]
     batch_ms = command.get("batch_ms", 1000)
     began = time.monotonic()
-    timeout_s = timeout_for(warmup + measured)
+    timeout_s = command.get("timeout_s") or timeout_for(warmup + measured)
     run = system.run(workload, variant, rate, warmup, measured, timeout_s, batch_ms)
     seconds = time.monotonic() - began
     check = check_outputs(
@@ -54,6 +56,7 @@ def run_trial(system: System, command: dict[str, Any]) -> dict[str, Any]:
         command["samples"],
         restricted_output(system.name, variant, workload),
         batch_ms,
+        run.inputs,
     )
     verdict = judge(
         [b.processing_ms for b in run.batches],
@@ -80,12 +83,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--daemon", choices=DAEMONS, required=True)
     parser.add_argument("--partitions", type=int, default=PARTITIONS)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--kafka", metavar="BOOTSTRAP", help="read a topic fed on this broker")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    sc = SparkContext(conf=spark_conf(args.master, args.partitions, args.daemon))
+    conf = spark_conf(args.master, args.partitions, args.daemon)
+    if args.kafka and args.system == "structured":
+        conf.set("spark.jars", ",".join(connector_jars()))
+    sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
+    kafka = KafkaFeed(args.kafka, args.partitions) if args.kafka else None
     try:
-        system = SYSTEM_CLASSES[args.system](sc, args.partitions)
+        system = SYSTEM_CLASSES[args.system](sc, args.partitions, kafka)
         emit(event="ready", system=args.system, daemon=args.daemon)
         for line in sys.stdin:
             command = json.loads(line)
