@@ -311,11 +311,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_kafka(cluster: Cluster, args: argparse.Namespace, spec: dict[str, Any]) -> bool:
-    """The Kafka scenario under the same operator, with the main job's pods; needs a host path."""
+    """The Kafka scenario under the same operator, with the main job's pods but one driver
+    (its driver loss takes the restart path; the main job covers the standby); needs a host
+    path."""
     if not args.host_path:
         say("kafka: FAIL: the Kafka scenario needs --host-path")
         return False
-    pods = {k: spec[k] for k in ("image", "imagePullPolicy", "driver", "executor", "sparkConf")}
+    pods = {k: spec[k] for k in ("image", "imagePullPolicy", "executor", "sparkConf")}
+    pods["driver"] = {**spec["driver"], "standby": False}
     scenario = KafkaScenario(
         cluster,
         args.namespace,
