@@ -94,10 +94,7 @@ async def set_up(
     else:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(memo.book.memory(key).stepped.wait(), FIRST_STEP_SECONDS)
-        owner = owner_of(dict(body))
-        await memo.book.identities.ensure(memo.kube, owner.namespace)
-        desired = resources.children(job, owner, memo.supervision.platform)
-        await sync_children(memo.kube, memo.book.memory(key), desired)
+        await write_children(body, key, memo, job)
         kopf.event(
             body,
             type="Normal",
@@ -107,6 +104,15 @@ async def set_up(
         )
         if changed_unseen(body):
             announce_change(body, key, memo, job, changed=None)
+
+
+async def write_children(body: kopf.Body, key: JobKey, memo: kopf.Memo, job: StreamingJob) -> None:
+    """Bring the job's children to its spec, after its namespace's driver identity (whose Role
+    a user account's RoleBinding names); only what differs is written (`sync_children`)."""
+    owner = owner_of(dict(body))
+    await memo.book.identities.ensure(memo.kube, owner.namespace)
+    desired = resources.children(job, owner, memo.supervision.platform)
+    await sync_children(memo.kube, memo.book.memory(key), desired)
 
 
 def changed_unseen(body: kopf.Body) -> bool:
@@ -160,10 +166,7 @@ async def spec_changed(
     if job is None:
         logger.warning("invalid spec, change not applied: %s", "; ".join(problems))
         return
-    owner = owner_of(dict(body))
-    await memo.book.identities.ensure(memo.kube, owner.namespace)  # a user account's binding's Role
-    desired = resources.children(job, owner, memo.supervision.platform)
-    await sync_children(memo.kube, memo.book.memory(key), desired)
+    await write_children(body, key, memo, job)
     changed = resources.restart_fields(dict(old or {}), dict(new or {}))
     announce_change(body, key, memo, job, changed)
 
