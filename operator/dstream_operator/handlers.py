@@ -103,7 +103,7 @@ async def set_up(
             f"configured) in place; the driver runs as {resources.driver_service_account(job)}",
         )
         if changed_unseen(body):
-            announce_change(body, key, memo, job, changed=None)
+            announce_change(body, job, changed=None)
 
 
 async def write_children(body: kopf.Body, key: JobKey, memo: kopf.Memo, job: StreamingJob) -> None:
@@ -123,18 +123,10 @@ def changed_unseen(body: kopf.Body) -> bool:
     return observed is not None and observed < (body["metadata"].get("generation") or 0)
 
 
-def announce_change(
-    body: kopf.Body, key: JobKey, memo: kopf.Memo, job: StreamingJob, changed: list[str] | None
-) -> None:
+def announce_change(body: kopf.Body, job: StreamingJob, changed: list[str] | None) -> None:
     """Say what a spec change will do, with the fields that restart the driver (None: not
-    known, the change was made while no operator ran); a Failed job gets a fresh budget."""
-    if memo.book.reset_failure(key):
-        kopf.event(
-            body,
-            type="Normal",
-            reason="Retrying",
-            message="spec changed on a Failed job: starting again with a fresh budget",
-        )
+    known, the change was made while no operator ran). A Failed job's fresh budget is the
+    supervisor's to give (`reconcile.plan`), by the spec's generation."""
     if changed is None:
         message = (
             "changed while no operator ran: the driver restarts from its checkpoint if "
@@ -168,7 +160,7 @@ async def spec_changed(
         return
     await write_children(body, key, memo, job)
     changed = resources.restart_fields(dict(old or {}), dict(new or {}))
-    announce_change(body, key, memo, job, changed)
+    announce_change(body, job, changed)
 
 
 def deletes_checkpoint(spec: kopf.Spec, **_: Any) -> bool:

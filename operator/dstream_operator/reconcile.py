@@ -69,6 +69,7 @@ class Observation:
     second: PodFacts | None = None  # the second driver pod (driver.standby)
     second_vanished: PodFacts | None = None
     leader: str | None = None  # the holder of the job's Lease (driver.standby)
+    generation: int | None = None  # of the spec `job` was parsed from
 
 
 @dataclass
@@ -89,9 +90,41 @@ def plan(seen: Observation) -> Plan:
     """Decide for one job; see the module docstring."""
     if seen.job is None:
         return _invalid(seen)
+    retrying = _changed_since_failure(seen)
+    if retrying:
+        seen = dataclasses.replace(seen, status=_fresh_budget(seen.status))
     if seen.job.spec.driver.standby or seen.second or seen.second_vanished:
-        return _plan_pair(seen)
-    return _plan_driver(seen)
+        step = _plan_pair(seen)
+    else:
+        step = _plan_driver(seen)
+    if retrying:
+        message = "spec changed on a Failed job: starting again with a fresh budget"
+        step.events.insert(0, Event("Normal", "Retrying", message))
+    return step
+
+
+def _changed_since_failure(seen: Observation) -> bool:
+    """The spec changed after the job failed: the status's generation is older than the
+    spec's. Decided here rather than when the change is announced, so that a step in flight
+    when the change arrives cannot write the failure back over the fresh start."""
+    observed = seen.status.observed_generation
+    return (
+        seen.status.phase == "Failed"
+        and observed is not None
+        and seen.generation is not None
+        and observed < seen.generation
+    )
+
+
+def _fresh_budget(status: JobStatus) -> JobStatus:
+    return status.model_copy(
+        update={
+            "phase": "Pending",
+            "restarts": 0,
+            "next_restart_time": None,
+            "message": "spec changed; starting again",
+        }
+    )
 
 
 def _plan_driver(seen: Observation) -> Plan:

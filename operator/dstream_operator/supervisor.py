@@ -190,23 +190,6 @@ class JobBook:
         if memory.body is None and not memory.driver_pods() and not memory.executors:
             del self.jobs[key]
 
-    def reset_failure(self, key: JobKey) -> bool:
-        """After a spec change a Failed job gets a fresh restart budget; True if it was Failed."""
-        memory = self.memory(key)
-        status = memory.current_status()
-        if status.phase != "Failed":
-            return False
-        memory.status = status.model_copy(
-            update={
-                "phase": "Pending",
-                "restarts": 0,
-                "next_restart_time": None,
-                "message": "spec changed; starting again",
-            }
-        )
-        self.touch(key)
-        return True
-
     def step_at(self, key: JobKey, at: datetime) -> None:
         """Step the job at `at` even if nothing changes about it: a restart backoff's end,
         its next status refresh. Kept in a heap: the supervisor wakes on every watch event,
@@ -465,6 +448,7 @@ class Supervisor:
                 second=memory.second,
                 second_vanished=second_vanished,
                 leader=leader,
+                generation=generation,
             )
             step = plan(seen)
             await self._act(step, memory, owner, job, seen.now)

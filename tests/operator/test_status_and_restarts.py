@@ -267,6 +267,18 @@ def test_plan_for_an_invalid_spec():
     assert [e.reason for e in step.events] == ["InvalidSpec"]
 
 
+def test_a_failed_job_starts_again_with_a_fresh_budget_once_its_spec_changed():
+    failed = JobStatus(phase="Failed", restarts=10, observed_generation=1, message="gave up")
+    same = reconcile.plan(seen(current=failed, generation=1))
+    assert same.status.phase == "Failed" and not same.create_driver and not same.events
+    changed = reconcile.plan(seen(current=failed, generation=2))
+    assert changed.create_driver and changed.status.restarts == 0
+    assert changed.status.phase == "Starting"
+    assert [e.reason for e in changed.events] == ["Retrying", "DriverCreated"]
+    unknown = reconcile.plan(seen(current=failed.model_copy(update={"observed_generation": None})))
+    assert unknown.status.phase == "Failed"  # a status of an operator without generations
+
+
 def test_cli_scope_and_defaults():
     args = parse_args(["--namespace", "a", "-n", "b", "--standalone"])
     assert args.namespace == ["a", "b"] and args.standalone and not args.all_namespaces
