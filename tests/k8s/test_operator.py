@@ -343,11 +343,14 @@ class Release:
     kubeconfig: Path
 
 
-def render_chart(release: str, namespace: str) -> dict[str, dict[str, Any]]:
-    """The chart's templates for `helm install RELEASE -n NS --set watchNamespaces={NS}`."""
+def render_chart(
+    release: str, namespace: str, values: dict[str, Any] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The chart's templates for `helm install RELEASE -n NS --set watchNamespaces={NS}`,
+    with more `values` if given."""
     with helm.Chart.load(CHART) as chart:
         manifests = chart.render(
-            {"watchNamespaces": [namespace]}, name=release, namespace=namespace
+            {"watchNamespaces": [namespace], **(values or {})}, name=release, namespace=namespace
         )
     documents = [
         document

@@ -1,18 +1,50 @@
 """What platform teams need from the operator, against the real Kubernetes 1.20 API server: pod
 customisation the API server accepts and keeps, disruption budgets the disruption controller
-can count, and a job that says why when the API server rejects its driver pod."""
+can count, a job that says why when the API server rejects its driver pod, a changed spec that
+never commits rolled back, and an Ingress to each job's Spark UI.
+
+The last two need the operator configured as the chart's values set it up (`configured`): the
+UI Ingress, and the driver API read at the pod IP, which is how the operator here can read a
+driver's report at all. A hollow pod runs nothing (tests/k8s/test_operator.py); to show a
+driver that committed a batch, the test serves the driver's REST API (the engine's own app, over
+a job that has completed one batch) on a loopback address and gives the pod that IP.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import random
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import pytest
+import uvicorn
 import yaml
+from dstream_api.app import app_for
+from dstream_operator.resources import API_PORT, UI_PORT
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 from kubernetes.dynamic import DynamicClient
 
+from tests.api.fakejob import FakeJob
 from tests.k8s import test_operator
-from tests.k8s.test_operator import Harness
+from tests.k8s.conftest import LocalCluster
+from tests.k8s.test_operator import (
+    CHECKPOINT_VOLUME,
+    POLL_SECONDS,
+    SPEC_HASH,
+    WAIT_SECONDS,
+    Harness,
+    OperatorProcess,
+    Release,
+    crash_pod,
+    render_chart,
+)
 
 # The operator harness's module fixtures: this file gets an operator of its own.
 chart_crds = test_operator.chart_crds
@@ -153,3 +185,226 @@ def test_a_driver_pod_the_api_server_rejects_fails_the_job_until_the_spec_is_fix
     k8s.patch_spec("rejected", {"driver": driver})
     pod = k8s.running_driver("rejected")
     assert [c.name for c in pod.spec.containers] == ["driver", "log-shipper"]
+
+
+# What a platform team sets in the chart's values: the UI Ingress, and the driver API read at
+# the pod IP (polled every second, so that a test sees a report soon).
+UI_HOST = "{job}.{namespace}.spark.example.test"
+UI_ANNOTATIONS = {"nginx.ingress.kubernetes.io/proxy-read-timeout": "60"}
+CONFIGURED_VALUES = {
+    "operator": {"driverHost": "pod-ip", "pollSeconds": 1},
+    "sparkUI": {
+        "ingress": {
+            "enabled": True,
+            "host": UI_HOST,
+            "className": "nginx",
+            "annotations": UI_ANNOTATIONS,
+        }
+    },
+}
+
+
+@pytest.fixture
+def configured(k8s: Harness, chart_release: Release, tmp_path: Path) -> Iterator[Harness]:
+    """For one test, instead of the module's operator: the operator with the arguments the
+    chart's Deployment gets from CONFIGURED_VALUES, as the same ServiceAccount (the values do
+    not change the ClusterRole, which already grants Ingresses). The module's operator stops
+    first (releasing the Lease) and starts again afterwards."""
+    ns = k8s.namespace
+    objects = render_chart(release=ns, namespace=ns, values=CONFIGURED_VALUES)
+    assert objects["ClusterRole"] == render_chart(release=ns, namespace=ns)["ClusterRole"]
+    container = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    process = OperatorProcess(
+        args=container["args"],
+        kubeconfig=chart_release.kubeconfig,
+        log_path=tmp_path / "operator.log",
+    )
+    k8s.operator.stop()
+    try:
+        process.start()
+        yield dataclasses.replace(k8s, operator=process)
+        assert process.metric("dstream_operator_errors_total") == 0, (
+            f"the operator counted errors:\n{process.log_tail()}"
+        )
+    finally:
+        process.stop()
+        k8s.operator.start()
+
+
+def test_the_chart_with_the_ui_ingress_is_accepted_by_the_api_server(
+    k8s_cluster: LocalCluster, namespace: str, tmp_path: Path
+):
+    """`helm template` with the Ingress values, checked by the API server itself (a server-side
+    dry run: admission and schemas, nothing created). The chart has no Ingress of its own:
+    the operator creates one per job (the next test)."""
+    with helm.Chart.load(test_operator.CHART) as chart:
+        values = {"watchNamespaces": [namespace], **CONFIGURED_VALUES}
+        manifests = chart.render(values, name="ui-chart", namespace=namespace)
+    path = tmp_path / "chart.yaml"
+    path.write_text("\n---\n".join(t for n, t in manifests.items() if n.endswith(".yaml")))
+    applied = subprocess.run(
+        [k8s_cluster.kubectl, "--kubeconfig", str(k8s_cluster.kubeconfig), "apply"]
+        + ["--dry-run=server", "-n", namespace, "-f", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert applied.returncode == 0, applied.stderr
+    assert "deployment.apps/ui-chart-dstream created (server dry run)" in applied.stdout
+    deployment = [
+        d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "Deployment"
+    ]
+    args = deployment[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--ui-ingress-host={UI_HOST}" in args and "--ui-ingress-class=nginx" in args
+
+
+def ui_ingress(k8s: Harness, job: str) -> client.V1Ingress | None:
+    networking = client.NetworkingV1Api(k8s.cluster.api_client)
+    try:
+        return networking.read_namespaced_ingress(f"{job}-driver", k8s.namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def test_each_job_gets_an_ingress_to_its_spark_ui_deleted_with_it(configured: Harness):
+    k8s = configured
+    uid = k8s.create_job("ui")["metadata"]["uid"]
+    ingress = k8s.wait_for("the job's UI Ingress", lambda: ui_ingress(k8s, "ui"))
+
+    (rule,) = ingress.spec.rules
+    assert rule.host == f"ui.{k8s.namespace}.spark.example.test"
+    assert ingress.spec.ingress_class_name == "nginx"
+    assert UI_ANNOTATIONS.items() <= ingress.metadata.annotations.items()
+    (path,) = rule.http.paths
+    assert (path.path, path.path_type) == ("/", "Prefix")
+    assert (path.backend.service.name, path.backend.service.port.number) == ("ui-driver", UI_PORT)
+    (owner,) = ingress.metadata.owner_references
+    assert (owner.kind, owner.uid, owner.controller) == ("StreamingJob", uid, True)
+
+    service = k8s.core.read_namespaced_service("ui-driver", k8s.namespace)
+    ports = {p.name: (p.port, p.target_port) for p in service.spec.ports}
+    assert ports["http-spark-ui"] == (UI_PORT, UI_PORT)
+    pod = k8s.running_driver("ui")
+    assert UI_PORT in [p.container_port for p in pod.spec.containers[0].ports]
+
+    k8s.delete_job("ui")
+    # the garbage collector; on a fresh cluster it sees a new CRD's objects from its next
+    # discovery sync (every 30 s)
+    k8s.wait_for(
+        "the Ingress deleted with its job",
+        lambda: ui_ingress(k8s, "ui") is None,
+        timeout=WAIT_SECONDS + 30,
+    )
+
+
+@dataclasses.dataclass
+class DriverApi:
+    """The driver's REST API (the engine's app over a job that has completed a batch) at
+    HOST:API_PORT, a loopback address of its own: where the operator reads a driver pod whose
+    IP is HOST."""
+
+    host: str = dataclasses.field(
+        default_factory=lambda: f"127.{random.randint(1, 254)}.{random.randint(0, 254)}.1"
+    )
+
+    def __post_init__(self) -> None:
+        app = app_for(FakeJob(batches=1))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host=self.host, port=API_PORT, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> DriverApi:
+        self.thread.start()
+        deadline = time.monotonic() + WAIT_SECONDS
+        while not self.server.started:
+            assert self.thread.is_alive(), f"the driver API could not listen on {self.host}"
+            assert time.monotonic() < deadline, f"the driver API not up on {self.host}"
+            time.sleep(POLL_SECONDS)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(WAIT_SECONDS)
+
+
+def commit_a_batch(k8s: Harness, job: str) -> dict[str, Any]:
+    """Make the job's driver report a completed batch until the operator has recorded its spec
+    as the stable one; returns that status. The hollow kubelet puts the pod's own IP back
+    within seconds, so the pod is given the driver API's IP again until then."""
+    with DriverApi() as api:
+        for _attempt in range(10):
+            k8s.patch_pod_status(f"{job}-driver", {"podIP": api.host, "podIPs": [{"ip": api.host}]})
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                if (status := k8s.status(job)).get("stableSpecHash"):
+                    return status
+                time.sleep(POLL_SECONDS)
+    pytest.fail(f"the operator never read the driver's report\n{k8s.operator.log_tail()}")
+
+
+def running_driver_of(k8s: Harness, job: str, spec_hash: str, same: bool) -> client.V1Pod:
+    """The job's driver pod once Running with a spec of that hash (or of another one)."""
+    return k8s.wait_for(
+        f"{job}: a Running driver {'of' if same else 'not of'} spec {spec_hash}",
+        lambda: (
+            (pod := k8s.driver(job))
+            and pod.status.phase == "Running"
+            and (pod.metadata.annotations[SPEC_HASH] == spec_hash) == same
+            and pod
+        ),
+    )
+
+
+def rate_of(spec: dict[str, Any]) -> int:
+    return spec["source"]["rate"]["recordsPerSecond"]
+
+
+def test_a_changed_spec_that_never_commits_is_rolled_back(configured: Harness):
+    """A spec that committed a batch becomes the stable one; a changed spec whose driver fails
+    twice before committing is rolled back: the next driver runs the stable spec, from the same
+    checkpoint, status and an Event say so; a further change gets its own chance."""
+    k8s, job = configured, "rollback"
+    checkpoint = {"path": "/state/rollback"}
+    k8s.create_job(
+        job,
+        volumes=[CHECKPOINT_VOLUME],
+        checkpoint=checkpoint,
+        upgrade={"rollbackOnFailure": True, "rollbackAfterFailures": 2},
+    )
+    first = k8s.running_driver(job)
+    stable = commit_a_batch(k8s, job)["stableSpecHash"]
+    assert stable == first.metadata.annotations[SPEC_HASH]
+
+    k8s.patch_spec(job, {"source": {"type": "rate", "rate": {"recordsPerSecond": 500}}})
+    for failures in (1, 2):
+        broken = running_driver_of(k8s, job, stable, same=False)
+        crash_pod(k8s, broken)  # before any batch: no report at its (hollow) IP
+        if failures == 1:
+            k8s.wait_for("upgradeFailures 1", lambda: k8s.status(job).get("upgradeFailures") == 1)
+    changed = broken.metadata.annotations[SPEC_HASH]
+
+    status = k8s.wait_for("rolled back", lambda: (s := k8s.status(job)).get("rolledBackFrom") and s)
+    assert (status["rolledBackFrom"], status["stableSpecHash"]) == (changed, stable)
+    events = k8s.core.list_namespaced_event(
+        k8s.namespace, field_selector=f"involvedObject.name={job},reason=RolledBack"
+    ).items
+    assert [e.type for e in events] == ["Warning"]
+    assert "failed 2 times before committing a batch" in events[0].message
+    running_driver_of(k8s, job, stable, same=True)
+    config = k8s.core.read_namespaced_config_map(f"{job}-job", k8s.namespace)
+    ran = yaml.safe_load(config.data["job.yaml"])["spec"]
+    assert rate_of(ran) == 100 and ran["checkpoint"]["path"] == checkpoint["path"]
+    assert rate_of(k8s.job(job)["spec"]) == 500  # the user's spec is kept as written
+    k8s.wait_for(
+        "the status says it runs the rolled-back spec",
+        lambda: (k8s.status(job).get("message") or "").startswith("rolled back"),
+    )
+
+    k8s.patch_spec(job, {"source": {"type": "rate", "rate": {"recordsPerSecond": 200}}})
+    again = running_driver_of(k8s, job, stable, same=False)
+    assert again.metadata.annotations[SPEC_HASH] != changed
+    status = k8s.status(job)
+    assert "rolledBackFrom" not in status and status["stableSpecHash"] == stable
