@@ -21,8 +21,8 @@ What the hollow node (kubemark) does to a driver pod, and so what the tests can 
   these tests' time): spec changes, suspends and restarts wait for the old pod to go.
 
 Not exercised here: a driver that really runs (its API's report in the status: last batch,
-delays, rate limit; executors; a graceful stop on SIGTERM; recovery from the checkpoint; probe
-failures) and the checkpoint cleanup pod really deleting files -- drivers run for real only in
+delays, rate limit -- test_platform.py serves the driver API at a pod's IP to show a committed
+batch; executors; a graceful stop on SIGTERM; recovery from the checkpoint; probe failures) and the checkpoint cleanup pod really deleting files -- drivers run for real only in
 the e2e suite, on a real kubelet; the operator in a pod (in-cluster config, DNS to the driver Service); Kubernetes
 1.20 has no CEL validation rules, no server-side field validation (an unknown spec field is
 silently pruned, not rejected) and no PodSecurity admission.

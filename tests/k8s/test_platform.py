@@ -31,7 +31,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from tests.api.fakejob import FakeJob
+from tests.api.fakejob import BATCH_MS, ZERO_MS, FakeJob
 from tests.k8s import test_operator
 from tests.k8s.conftest import LocalCluster
 from tests.k8s.test_operator import (
@@ -375,8 +375,11 @@ def test_a_changed_spec_that_never_commits_is_rolled_back(configured: Harness):
         upgrade={"rollbackOnFailure": True, "rollbackAfterFailures": 2},
     )
     first = k8s.running_driver(job)
-    stable = commit_a_batch(k8s, job)["stableSpecHash"]
+    committed = commit_a_batch(k8s, job)
+    stable = committed["stableSpecHash"]
     assert stable == first.metadata.annotations[SPEC_HASH]
+    # the report, as read from the driver API, in the status
+    assert test_operator.timestamp(committed["lastBatchTime"]) * 1000 == ZERO_MS + BATCH_MS
 
     k8s.patch_spec(job, {"source": {"type": "rate", "rate": {"recordsPerSecond": 500}}})
     for failures in (1, 2):
