@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import helm_python as helm
 import pytest
 import uvicorn
 import yaml
@@ -237,11 +236,9 @@ def test_the_chart_with_the_ui_ingress_is_accepted_by_the_api_server(
     """`helm template` with the Ingress values, checked by the API server itself (a server-side
     dry run: admission and schemas, nothing created). The chart has no Ingress of its own:
     the operator creates one per job (the next test)."""
-    with helm.Chart.load(test_operator.CHART) as chart:
-        values = {"watchNamespaces": [namespace], **CONFIGURED_VALUES}
-        manifests = chart.render(values, name="ui-chart", namespace=namespace)
+    objects = render_chart(release="ui-chart", namespace=namespace, values=CONFIGURED_VALUES)
     path = tmp_path / "chart.yaml"
-    path.write_text("\n---\n".join(t for n, t in manifests.items() if n.endswith(".yaml")))
+    path.write_text(yaml.safe_dump_all(objects.values()))
     applied = subprocess.run(
         [k8s_cluster.kubectl, "--kubeconfig", str(k8s_cluster.kubeconfig), "apply"]
         + ["--dry-run=server", "-n", namespace, "-f", str(path)],
@@ -251,10 +248,7 @@ def test_the_chart_with_the_ui_ingress_is_accepted_by_the_api_server(
     )
     assert applied.returncode == 0, applied.stderr
     assert "deployment.apps/ui-chart-dstream created (server dry run)" in applied.stdout
-    deployment = [
-        d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "Deployment"
-    ]
-    args = deployment[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--ui-ingress-host={UI_HOST}" in args and "--ui-ingress-class=nginx" in args
 
 
