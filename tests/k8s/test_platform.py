@@ -390,14 +390,30 @@ def test_a_changed_spec_that_never_commits_is_rolled_back(configured: Harness):
     ).items
     assert [e.type for e in events] == ["Warning"]
     assert "failed 2 times before committing a batch" in events[0].message
-    running_driver_of(k8s, job, stable, same=True)
+    rolled = running_driver_of(k8s, job, stable, same=True)
     config = k8s.core.read_namespaced_config_map(f"{job}-job", k8s.namespace)
     ran = yaml.safe_load(config.data["job.yaml"])["spec"]
     assert rate_of(ran) == 100 and ran["checkpoint"]["path"] == checkpoint["path"]
+    assert rate_of(yaml.safe_load(status["stableSpec"])) == 100  # kept by the status schema
     assert rate_of(k8s.job(job)["spec"]) == 500  # the user's spec is kept as written
     k8s.wait_for(
         "the status says it runs the rolled-back spec",
         lambda: (k8s.status(job).get("message") or "").startswith("rolled back"),
+    )
+
+    # the decision is in the status, not in the operator's memory: one started again keeps it
+    k8s.operator.stop()
+    k8s.operator.start()
+    k8s.wait_for(
+        "the new operator has supervised the job a few times",
+        lambda: (
+            k8s.operator.metric("dstream_operator_reconciliations_total", handler="supervise") >= 3
+        ),
+    )
+    k8s.holds_for(
+        "the rolled-back driver kept",
+        lambda: [p.metadata.uid for p in k8s.pods(job)] == [rolled.metadata.uid],
+        seconds=3,
     )
 
     k8s.patch_spec(job, {"source": {"type": "rate", "rate": {"recordsPerSecond": 200}}})
