@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_SECONDS ?= 30
 
-.PHONY: setup debian-packages kafka demo test test-fast exactly-once soak lint crd e2e bench bench-quick bench-backpressure clean operator-scale
+.PHONY: setup debian-packages kafka demo test test-fast exactly-once soak soak-standby lint crd e2e bench bench-quick bench-backpressure clean operator-scale
 
 setup: $(STAMP)
 
@@ -59,10 +59,15 @@ exactly-once: setup debian-packages kafka
 # The soak (docs/fault-tolerance.md): 20 driver kills, 20 executor kills and a 20 s sink outage
 # on local-cluster[2,1,1024] while input arrives, output checked exactly against it, for each
 # feed: files -> files, Redis Streams -> PostgreSQL, Kafka -> Kafka (make test: the redis feed
-# at 3 + 3 and 5 s, the kafka feed at 2 + 2 and 3 s).
+# at 3 + 3 and 5 s, the kafka feed at 2 + 2 and 3 s, the files feed with standby at 2 + 2).
 soak: setup debian-packages kafka
 	SOAK_FEEDS=files,redis,kafka SOAK_DRIVER_KILLS=20 SOAK_EXECUTOR_KILLS=20 SOAK_OUTAGE_S=20 \
 		$(BIN)/python -m pytest -s -ra tests/fault/test_soak.py
+
+# The same with a hot standby beside every driver (`dstream run --standby`): it takes over.
+soak-standby: setup debian-packages kafka
+	SOAK_FEEDS=files+standby,redis+standby,kafka+standby SOAK_DRIVER_KILLS=20 \
+		SOAK_EXECUTOR_KILLS=20 SOAK_OUTAGE_S=20 $(BIN)/python -m pytest -s -ra tests/fault/test_soak.py
 
 # The operator at the issue's scale (docs/operator-scale.md): 200 StreamingJobs applied at once
 # on the offline control plane, changed, deleted; one, then two operator replicas (make test: 30).

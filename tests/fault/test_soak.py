@@ -16,11 +16,14 @@ totals. A feed says where its input comes from and where its output goes (SOAK_F
 Each driver run is `dstream run` on the same checkpoint. A run dies by SIGKILL of its process
 group at a random moment (as a lost pod), or at an exact spot through DSTREAM_FAULT_INJECT:
 between a batch's outputs and its commit, while a commit or a batch record is being written.
+A feed named with `+standby` (`files+standby`) runs each driver with a hot standby beside it
+(`dstream run --standby`, started with the run): a kill at a random moment waits until the
+standby is warm, and the standby, not a new process, takes over.
 Runs that die at a random moment also see executor JVMs killed mid-batch (Spark recomputes the
 lost tasks from lineage on the worker's replacement executor), and one of them the sink down for
 SOAK_OUTAGE_S seconds (and until a write has failed against it), which the failure policy rides
-out by retrying the batch. The next run starts right after each kill, as the operator would
-restart the pod. At the end the producer stops, the last run admits everything it wrote and is
+out by retrying the batch. Without a standby, the next run starts right after each kill, as the operator
+would restart the pod. At the end the producer stops, the last run admits everything it wrote and is
 stopped gracefully.
 
 The reference takes nothing from the engine but the batch log: a batch's input is the range its
@@ -35,11 +38,14 @@ must equal those of its input (harness.judge). One line per feed:
 (the phases of the restarted drivers' recovery timelines, runtime/timeline.py, in seconds after
 each kill).
 
-`make test` runs the redis feed with 3 + 3 kills and the kafka feed with 2 + 2 (CI_SIZES);
-`make soak` runs all three feeds with 20 + 20 and a 20 s outage (SOAK_DRIVER_KILLS, SOAK_EXECUTOR_KILLS, SOAK_OUTAGE_S, SOAK_FEEDS; SOAK_DURATION_S
+`make test` runs the redis feed with 3 + 3 kills, the kafka feed and files+standby with 2 + 2
+(CI_SIZES); `make soak` runs all three feeds with 20 + 20 and a 20 s outage, `make soak-standby`
+the same with standby drivers (SOAK_DRIVER_KILLS, SOAK_EXECUTOR_KILLS, SOAK_OUTAGE_S, SOAK_FEEDS; SOAK_DURATION_S
 stretches the runs over at least that many seconds; DSTREAM_FAULT_SEED replays a schedule).
-Recovery is the time from a driver kill to the first batch the next run commits: it includes
-starting the JVM and both executors.
+Recovery is the time from a driver kill to the first batch the next run commits: without a
+standby it includes starting the JVM and both executors. With one, the line adds the takeovers
+by a warm standby (`warm_takeover_p50`): a driver killed at its fault point may die before its
+standby is warm.
 """
 
 from __future__ import annotations
@@ -89,7 +95,8 @@ from running_driver import Driver
 from servers import RedisServer
 
 DURATION_S = float(os.environ.get("SOAK_DURATION_S", "0"))
-FEEDS = os.environ.get("SOAK_FEEDS", "redis,kafka").split(",")
+FEEDS = os.environ.get("SOAK_FEEDS", "redis,kafka,files+standby").split(",")
+STANDBY = "+standby"  # a feed's suffix: each run's driver leads with a hot standby beside it
 DEATHS = ("random", "random", "before-commit", "commit-write", "batch-record-write")
 POLICY = {"retries": 8, "backoffSeconds": 1}  # retries until 255 s after the first failure
 STEP_TIMEOUT_S = 300
@@ -103,6 +110,14 @@ def is_batch(text: str) -> bool:
     return text.startswith("batch ") and "FAILED" not in text
 
 
+def is_warm(text: str) -> bool:
+    return "standby: warm, following" in text
+
+
+def leads(text: str) -> bool:
+    return "recovery timeline: phase=lead_taken" in text
+
+
 @dataclass(frozen=True)
 class Size:
     """How hard a feed's soak is."""
@@ -114,8 +129,14 @@ class Size:
 
 # make test's size per feed; SOAK_DRIVER_KILLS, SOAK_EXECUTOR_KILLS and SOAK_OUTAGE_S set every
 # feed's (make soak: 20, 20, 20). The kafka feed's is smaller: each of its driver runs also
-# waits for the broker's transaction coordinator, and make test has a time budget.
-CI_SIZES = {"files": Size(3, 3, 5), "redis": Size(3, 3, 5), "kafka": Size(2, 2, 3)}
+# waits for the broker's transaction coordinator, and make test has a time budget; so is a
+# feed with standby drivers: each run also waits for its standby to be warm.
+CI_SIZES = {
+    "files": Size(3, 3, 5),
+    "redis": Size(3, 3, 5),
+    "kafka": Size(2, 2, 3),
+    "files+standby": Size(2, 2, 5),
+}
 
 
 def size_of(feed: str) -> Size:
@@ -487,30 +508,38 @@ class Tally:
     executor_kills: int = 0
     killed_at: float | None = None  # the last driver kill not yet followed by a new commit
     killed_wall: float = 0.0  # the same kill on the wall clock the drivers' timelines use
+    killed_into_warm: bool = False  # the last kill found a warm standby (standby feeds)
     driver_recoveries: list[float] = field(default_factory=list)
+    warm_takeovers: list[float] = field(default_factory=list)  # the recoveries of those kills
     executor_recoveries: list[float] = field(default_factory=list)
     phases: dict[str, list[float]] = field(default_factory=dict)  # seconds after the kill
     apps: set[str] = field(default_factory=set)  # their workers' directories go at the end
 
-    def killed(self) -> None:
+    def killed(self, standby: Driver | None = None) -> None:
+        """A driver died; `standby` is the one waiting to take over, if any."""
         self.killed_at, self.killed_wall = time.monotonic(), time.time()
+        self.killed_into_warm = standby is not None and any(is_warm(t.text) for t in standby.lines)
         self.driver_kills += 1
 
     def committed(self, at: float) -> None:
         """A driver run committed a batch at `at`: the last kill, if any, is recovered from."""
         if self.killed_at is not None:
             self.driver_recoveries.append(at - self.killed_at)
+            if self.killed_into_warm:
+                self.warm_takeovers.append(at - self.killed_at)
             self.killed_at = None
 
     def read_timeline(self, driver: Driver) -> None:
         """At the end of a driver run that followed a kill: the phases of its recovery
-        timeline, in seconds after that kill."""
+        timeline, in seconds after that kill (a standby's start-up, before it, is no part of
+        the recovery)."""
         if not self.killed_wall:
             return
         for line in list(driver.lines):
             if found := TIMELINE.search(line.text):
                 phase, wall = found.group(1), float(found.group(2))
-                self.phases.setdefault(phase, []).append(wall - self.killed_wall)
+                if wall >= self.killed_wall:
+                    self.phases.setdefault(phase, []).append(wall - self.killed_wall)
 
     def until(self, lives_s: float) -> float:
         """Seconds from now until `lives_s` after the soak's start (0 when past)."""
@@ -536,12 +565,23 @@ def schedule(rng: random.Random, size: Size) -> list[Run]:
     return runs
 
 
-def start_driver(job: FeedJob, fault: str | None = None) -> Driver:
+def fault_of(run: Run) -> str | None:
+    """The DSTREAM_FAULT_INJECT that kills the run's driver, if it does not die at random."""
+    return None if run.death == "random" else f"{run.death}:{run.arrival}"
+
+
+def start_driver(job: FeedJob, fault: str | None = None, standby: bool = False) -> Driver:
     env = {"SPARK_LOCAL_IP": "127.0.0.1"}
     if fault:
         env["DSTREAM_FAULT_INJECT"] = fault
-    master = ("--master", "local-cluster[2,1,1024]")
-    return Driver(job.manifest, *master, env=env, log=job.root / "driver.log").start()
+    args = ("--master", "local-cluster[2,1,1024]") + (("--standby",) if standby else ())
+    return Driver(job.manifest, *args, env=env, log=job.root / "driver.log").start()
+
+
+def first_batch(driver: Driver) -> float:
+    """When the driver committed its first batch (monotonic seconds); a standby commits none
+    before it leads."""
+    return driver.wait_for_line(is_batch, STEP_TIMEOUT_S).at
 
 
 def next_batch(driver: Driver) -> float:
@@ -567,39 +607,77 @@ def sink_outage(driver: Driver, feed: Feed, seconds: float) -> None:
     next_batch(driver)
 
 
-def live_through(run: Run, job: FeedJob, rng: random.Random, tally: Tally) -> None:
-    """Start a driver, put it through the run's faults, and kill it."""
-    fault = None if run.death == "random" else f"{run.death}:{run.arrival}"
-    driver = start_driver(job, fault)
+def live_through(
+    run: Run,
+    driver: Driver,
+    job: FeedJob,
+    rng: random.Random,
+    tally: Tally,
+    standby: Driver | None = None,
+) -> None:
+    """Put the run's driver through the run's faults, and kill it (or see it die at its fault
+    point). A `standby` beside it is waited for to be warm before a kill at a random moment;
+    a driver that dies at its fault point dies when it gets there, warm standby or not."""
     try:
         if run.death == "random":
-            tally.committed(next_batch(driver))
+            tally.committed(first_batch(driver))
+            if standby is not None:
+                standby.wait_for_line(is_warm, STEP_TIMEOUT_S)
             kill_executors(driver, job, run, rng, tally)
             if run.outage_s:
                 sink_outage(driver, job.feed, run.outage_s)
             time.sleep(tally.until(run.lives_s) + rng.uniform(0, job.batch_s))  # when it dies
             tally.apps.update(executor_pids(driver.pid).values())
             tally.read_timeline(driver)
+            tally.killed(standby)  # before the kill: a warm standby leads within milliseconds
             driver.kill()
         else:
-            assert driver.wait(STEP_TIMEOUT_S) == -signal.SIGKILL, f"{fault} did not kill it"
+            returned = driver.wait(STEP_TIMEOUT_S)
+            assert returned == -signal.SIGKILL, f"{fault_of(run)} did not kill it"
             tally.read_timeline(driver)
             batches = [line.at for line in driver.lines if is_batch(line.text)]
             if batches:  # it may die at its fault point before committing anything
                 tally.committed(batches[0])
-        tally.killed()
+            tally.killed(standby)
     finally:
         driver.kill()
 
 
-def last_run(job: FeedJob, batch_log: BatchLogWatch, tally: Tally) -> list[Record]:
-    """A driver that recovers and works until the soak's duration is over; then the producer
+def live_through_schedule(
+    runs: list[Run], job: FeedJob, rng: random.Random, tally: Tally, standby: bool
+) -> Driver:
+    """Each run's driver through its run; the driver of the last run, which the soak's
+    schedule does not kill. Without standby, each run's driver starts after the last one died,
+    as the operator restarts a pod. With standby, the driver that dies leaves a standby, started
+    once it leads, with the fault point of the next run, to take over."""
+    driver = start_driver(job, fault_of(runs[0]))
+    waiting = None
+    try:
+        for run, after in zip(runs, [*runs[1:], None], strict=True):
+            fault = fault_of(after) if after is not None else None
+            if standby:  # started once the driver leads: a standby with no leader leads itself
+                driver.wait_for_line(leads, STEP_TIMEOUT_S)
+                waiting = start_driver(job, fault, standby=True)
+                live_through(run, driver, job, rng, tally, waiting)
+                driver, waiting = waiting, None
+            else:
+                live_through(run, driver, job, rng, tally)
+                driver = start_driver(job, fault)
+    except BaseException:
+        driver.kill()
+        if waiting is not None:
+            waiting.kill()
+        raise
+    return driver
+
+
+def last_run(driver: Driver, job: FeedJob, batch_log: BatchLogWatch, tally: Tally) -> list[Record]:
+    """The driver that recovers and works until the soak's duration is over; then the producer
     stops, and once the recorded batches have admitted everything it wrote (the next batch
     planned does, however far behind the clock the batch times are), the driver is stopped
     gracefully, which commits the batch running. Everything the producer wrote."""
-    driver = start_driver(job)
     try:
-        tally.committed(next_batch(driver))
+        tally.committed(first_batch(driver))
         time.sleep(tally.until(DURATION_S))  # the rest of the soak's duration
         written = job.feed.producer.stop()
         admitted: dict[int, list[Record]] = {}
@@ -676,6 +754,13 @@ def soak_line(tally: Tally, verdict: Verdict, feed: str) -> str:
     """The summary: counts, the verdict, recovery p50/max, and per phase of the restarted
     drivers' timelines (runtime/timeline.py) its p50/p90 in seconds after the kill."""
     recoveries = tally.driver_recoveries
+    warm = (
+        f"warm_takeovers={len(tally.warm_takeovers)} "
+        f"warm_takeover_p50={seconds(tally.warm_takeovers, statistics.median)} "
+        f"warm_takeover_max={seconds(tally.warm_takeovers, max)} "
+        if feed.endswith(STANDBY)
+        else ""
+    )
     phases = " ".join(
         f"{phase}_p50={seconds(tally.phases[phase], statistics.median)} "
         f"{phase}_p90={seconds(tally.phases[phase], p90)}"
@@ -690,7 +775,8 @@ def soak_line(tally: Tally, verdict: Verdict, feed: str) -> str:
         f"recovery_max={seconds(recoveries, max)} "
         f"executor_recovery_p50={seconds(tally.executor_recoveries, statistics.median)} "
         f"executor_recovery_p90={seconds(tally.executor_recoveries, p90)} "
-        f"executor_recovery_max={seconds(tally.executor_recoveries, max)} {phases} feed={feed}"
+        f"executor_recovery_max={seconds(tally.executor_recoveries, max)} {warm}{phases} "
+        f"feed={feed}"
     )
 
 
@@ -700,9 +786,10 @@ def test_soak_under_driver_and_executor_kills_and_a_sink_outage(feed_type, tmp_p
     print(f"\nSOAK_FEEDS={feed_type}")
     seed = fault_seed()
     rng = random.Random(seed)
-    assert feed_type in FEED_TYPES, f"SOAK_FEEDS: no feed {feed_type!r}, only {list(FEED_TYPES)}"
+    source = feed_type.removesuffix(STANDBY)
+    assert source in FEED_TYPES, f"SOAK_FEEDS: no feed {feed_type!r}, only {list(FEED_TYPES)}"
     size = size_of(feed_type)
-    with FEED_TYPES[feed_type](tmp_path, seed) as feed:
+    with FEED_TYPES[source](tmp_path, seed) as feed:
         job = FeedJob(
             tmp_path,
             batch_s=3,
@@ -717,15 +804,17 @@ def test_soak_under_driver_and_executor_kills_and_a_sink_outage(feed_type, tmp_p
         try:
             with BatchLogWatch(job.checkpoint) as batch_log:
                 feed.producer.start()
-                for run in schedule(rng, size):
-                    live_through(run, job, rng, tally)
-                written = last_run(job, batch_log, tally)
+                runs = schedule(rng, size)
+                driver = live_through_schedule(runs, job, rng, tally, feed_type.endswith(STANDBY))
+                written = last_run(driver, job, batch_log, tally)
         finally:
             for app in tally.apps:  # only this soak's: other tests may run local-cluster now
                 shutil.rmtree(Path(pyspark.__file__).parent / "work" / app, ignore_errors=True)
         verdict, problems = verify_feed(job, batch_log, written)
     print(soak_line(tally, verdict, feed_type))
     assert (tally.driver_kills, tally.executor_kills) == (size.driver_kills, size.executor_kills)
+    if feed_type.endswith(STANDBY):  # a kill at a random moment always waits for a warm one
+        assert tally.warm_takeovers, "no kill found its standby warm"
     assert not problems, problems
     assert not verdict.mismatched_batches, verdict.mismatched_batches
     assert verdict.lost == 0 and verdict.duplicated == 0
