@@ -49,6 +49,7 @@ SHARED_RESOURCES = {"k8s_cluster": "k8s", "image_tarball": "image"}
 LONGEST_S = {
     "tests/fault/test_soak.py::test_soak_under_driver_and_executor_kills_and_a_sink_outage": 218,
     "tests/fault/test_soak.py::test_soak_under_driver_and_executor_kills_and_a_sink_outage[kafka]": 136,
+    "tests/fault/test_soak.py::test_soak_under_driver_and_executor_kills_and_a_sink_outage[files+standby]": 130,
     "tests/test_bench_harness.py::test_a_kafka_trial_reads_the_fed_topic_and_passes_the_checker[structured-expert]": 121,
     "tests/connectors/test_exactly_once.py::test_kafka_to_postgres_exactly_once_through_kills_an_executor_kill_and_a_broker_restart": 87,
     "tests/fault/test_fault_driver_kill.py::test_driver_killed_repeatedly_output_exact": 85,
