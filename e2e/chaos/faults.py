@@ -247,13 +247,15 @@ class Chaos:
         """Measure from the deletion to the first batch a driver created after it committed."""
         t = self.target
 
-        def new_driver_started() -> float | None:
+        def new_driver_started() -> tuple[float, float] | None:
+            """(created, started) of a driver pod created after the deletion (whole seconds)."""
             for pod in self.cluster.job_pods(t.namespace, t.job, "driver"):
                 if pod.metadata.uid not in old_uids and pod.status.start_time:
-                    return pod.status.start_time.timestamp()
+                    created = pod.metadata.creation_timestamp.timestamp()
+                    return created, pod.status.start_time.timestamp()
             return None
 
-        started = wait_for("a new driver pod", new_driver_started, timeout_s, every_s=1)
+        created, started = wait_for("a new driver pod", new_driver_started, timeout_s, every_s=1)
         first = wait_for(
             "the first batch committed by the new driver",
             lambda: self.snapshot().committed_after(started),
@@ -263,8 +265,9 @@ class Chaos:
         self.figures.add(
             kind,
             snapshot.commits[first] - deleted_at,
-            f"new driver pod started after {started - deleted_at:.0f} s (the old one stops "
-            f"gracefully first); its first commit: batch {first}, delay "
+            f"new driver pod created after {created - deleted_at:.0f} s and started after "
+            f"{started - deleted_at:.0f} s (it need not wait for the old pod's graceful stop: a "
+            f"name per attempt); its first commit: batch {first}, delay "
             f"{snapshot.delay(first):.1f} s",
         )
         self.wait_until_running(timeout_s)
