@@ -472,7 +472,7 @@ class Supervisor:
         ended = [p for p in vanished if p.stop_reason is None]  # the others were handled
         try:
             pair = view.second is not None or (job is not None and job.spec.driver.standby)
-            leader = await self._leader(memory, owner) if pair else None
+            leader = await self._leader(view, owner) if pair else None
             serving = leader if pair else (view.driver.name if view.driver else None)
             seen = Observation(
                 job=job,
@@ -519,13 +519,14 @@ class Supervisor:
         memory.derived = (key, derived)
         return derived
 
-    async def _leader(self, memory: JobMemory, owner: resources.Owner) -> str | None:
-        """The driver pod of a standby job that holds its Lease, if one of those known does
-        (by its name and uid)."""
+    async def _leader(self, view: DriverView, owner: resources.Owner) -> str | None:
+        """The driver pod of a standby job that holds its Lease, if one of its current pods
+        does (by name and uid; a stopping pod may hold it until its graceful stop ends, but it
+        is no longer the job's driver: its executors and report are not the job's)."""
         name = resources.lease_name(owner.name)
         lease = await self.kube.get(LEASE_API, "Lease", owner.namespace, name)
         holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
-        pods = memory.driver_pods()
+        pods = view.current()
         return next(
             (p.name for p in pods if resources.lease_identity(p.name, p.uid) == holder), None
         )

@@ -712,8 +712,10 @@ def test_a_lost_drivers_replacement_is_created_while_the_old_pod_still_stops(k8s
         assert stopping.metadata.deletion_timestamp is not None  # still on its way out
         assert stopping.metadata.annotations["dstream.dev/stop-reason"] == "ended"
         assert new.metadata.name == "overlap-driver-2"
-        status = k8s.status("overlap")
-        assert status["restarts"] == 1 and status["driverAttempts"] == 2
+        status = k8s.wait_for(  # written after the step's pod was created
+            "the loss counted", lambda: (s := k8s.status("overlap")).get("restarts") == 1 and s
+        )
+        assert status["driverAttempts"] == 2
         k8s.running_driver("overlap")  # both pods on the node, the old one still stopping
         print(f"\nreplacement created {created_after:.1f} s after the deletion, old pod held")
     k8s.wait_for("the old pod gone", lambda: len(k8s.pods("overlap")) == 1)
