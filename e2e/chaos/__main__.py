@@ -18,7 +18,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from e2e.chaos.cluster import DEADLINE, Cluster, install_operator, operator_selector
+from e2e.chaos.cluster import (
+    DEADLINE,
+    Cluster,
+    driver_selector,
+    install_operator,
+    operator_selector,
+)
 from e2e.chaos.faults import Chaos, Target
 from e2e.chaos.kafka import KafkaScenario, write_report
 from e2e.chaos.observer import Observer
@@ -194,10 +200,8 @@ def diagnose(cluster: Cluster, args: argparse.Namespace) -> None:
     commands = [
         ["get", "pods", "--all-namespaces", "-o", "wide"],
         ["get", "streamingjob", JOB, "-n", args.namespace, "-o", "yaml"],
-        *(
-            ["logs", "-n", args.namespace, pod, "--tail", "60"]
-            for pod in [f"{JOB}-driver", f"{JOB}-driver-2"][: 2 if args.standby else 1]
-        ),
+        # every driver pod, found by its labels (a name per attempt: <job>-driver-<n>)
+        ["logs", "-n", args.namespace, "-l", driver_selector(JOB), "--tail", "60", "--prefix"],
         ["logs", "-n", args.operator_namespace, "-l", operator_selector(RELEASE), "--tail", "40"],
     ]
     for command in commands:

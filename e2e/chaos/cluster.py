@@ -183,6 +183,11 @@ def render_chart(
     return crds, objects
 
 
+def driver_selector(job: str) -> str:
+    """The label selector of a job's driver pods (named per attempt, found by labels)."""
+    return f"{JOB_LABEL}={job},{ROLE_LABEL}=driver"
+
+
 def operator_selector(release: str) -> str:
     return f"app.kubernetes.io/component=operator,app.kubernetes.io/instance={release}"
 

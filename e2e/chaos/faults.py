@@ -235,36 +235,41 @@ class Chaos:
     def lose_driver(self, timeout_s: float, kind: str = "driver recovery") -> None:
         t = self.target
         name, uid = self.driver_pod()
+        epoch = self.snapshot().newest_epoch()
         deleted_at = time.time()
         self.cluster.delete_pod(t.namespace, name)
         self.count("driver")
         print(f"- deleted driver pod {name}", flush=True)
-        self._await_new_driver({uid}, deleted_at, kind, timeout_s)
+        self._await_new_driver({uid}, epoch, deleted_at, kind, timeout_s)
 
     def _await_new_driver(
-        self, old_uids: set[str], deleted_at: float, kind: str, timeout_s: float
+        self, old_uids: set[str], epoch: int, deleted_at: float, kind: str, timeout_s: float
     ) -> None:
-        """Measure from the deletion to the first batch a driver created after it committed."""
+        """Measure from the deletion to the first batch committed by a driver of an epoch newer
+        than `epoch` (the old one, still stopping, may commit after the new pod started)."""
         t = self.target
 
-        def new_driver_started() -> float | None:
+        def new_driver_started() -> tuple[float, float] | None:
+            """(created, started) of a driver pod created after the deletion (whole seconds)."""
             for pod in self.cluster.job_pods(t.namespace, t.job, "driver"):
                 if pod.metadata.uid not in old_uids and pod.status.start_time:
-                    return pod.status.start_time.timestamp()
+                    created = pod.metadata.creation_timestamp.timestamp()
+                    return created, pod.status.start_time.timestamp()
             return None
 
-        started = wait_for("a new driver pod", new_driver_started, timeout_s, every_s=1)
+        created, started = wait_for("a new driver pod", new_driver_started, timeout_s, every_s=1)
         first = wait_for(
             "the first batch committed by the new driver",
-            lambda: self.snapshot().committed_after(started),
+            lambda: self.snapshot().committed_above(epoch),
             timeout_s,
         )[0]
         snapshot = self.snapshot()
         self.figures.add(
             kind,
             snapshot.commits[first] - deleted_at,
-            f"new driver pod started after {started - deleted_at:.0f} s (the old one stops "
-            f"gracefully first); its first commit: batch {first}, delay "
+            f"new driver pod created after {created - deleted_at:.0f} s and started after "
+            f"{started - deleted_at:.0f} s (it need not wait for the old pod's graceful stop: a "
+            f"name per attempt); its first commit: batch {first}, delay "
             f"{snapshot.delay(first):.1f} s",
         )
         self.wait_until_running(timeout_s)
@@ -338,12 +343,13 @@ class Chaos:
             if not p.metadata.deletion_timestamp
         ]
         uids = {p.metadata.uid for p in pods}
+        epoch = self.snapshot().newest_epoch()
         deleted_at = time.time()
         for pod in pods:
             self.cluster.delete_pod(t.namespace, pod.metadata.name)
         self.count("driver")
         print(f"- deleted both driver pods {[p.metadata.name for p in pods]}", flush=True)
-        self._await_new_driver(uids, deleted_at, "both drivers lost: restart", timeout_s)
+        self._await_new_driver(uids, epoch, deleted_at, "both drivers lost: restart", timeout_s)
 
     def lose_operator(self, timeout_s: float) -> None:
         t = self.target

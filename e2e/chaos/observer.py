@@ -29,10 +29,20 @@ class Snapshot:
     coalesced: dict[int, list[int]]  # batch time (ms) -> earlier due times merged into it
     commits: dict[int, float]  # batch time (ms) -> when its commit marker was written (epoch s)
     max_drivers: int  # most live driver pods seen at once
+    epochs: dict[int, int]  # batch time (ms) -> the epoch of the driver that committed it
 
     def committed_after(self, epoch_s: float) -> list[int]:
         """Batch times whose commit was written after `epoch_s`, oldest commit first."""
         return sorted((t for t, at in self.commits.items() if at > epoch_s), key=self.commits.get)
+
+    def committed_above(self, epoch: int) -> list[int]:
+        """Batch times committed by a driver of a newer epoch than `epoch`, oldest commit
+        first: a new driver's, not those of an old one still finishing its graceful stop."""
+        newer = (t for t, e in self.epochs.items() if e > epoch and t in self.commits)
+        return sorted(newer, key=self.commits.get)
+
+    def newest_epoch(self) -> int:
+        return max(self.epochs.values(), default=0)
 
     def delay(self, time_ms: int) -> float:
         """Seconds from the batch's time until its output was committed."""
@@ -51,6 +61,7 @@ class Observer(threading.Thread):
         self._ranges: dict[int, list[list[int]]] = {}
         self._coalesced: dict[int, list[int]] = {}
         self._commits: dict[int, float] = {}
+        self._epochs: dict[int, int] = {}
         self._max_drivers = 0
         self._failures_in_a_row = 0
         self.failure: str | None = None  # why the observer gave up, if it did
@@ -82,7 +93,10 @@ class Observer(threading.Thread):
                     continue
                 kind, time_ms = match.group(1), int(match.group(2))
                 if kind == "commit":
-                    self._commits.setdefault(time_ms, entry.mtime)
+                    body = _record_body(entry.data)
+                    if body is not None and time_ms not in self._commits:
+                        self._commits[time_ms] = entry.mtime
+                        self._epochs[time_ms] = body.get("epoch", 0)
                 elif time_ms not in self._ranges:
                     body = _record_body(entry.data)
                     if body is not None:
@@ -92,7 +106,11 @@ class Observer(threading.Thread):
     def snapshot(self) -> Snapshot:
         with self._lock:
             return Snapshot(
-                dict(self._ranges), dict(self._coalesced), dict(self._commits), self._max_drivers
+                dict(self._ranges),
+                dict(self._coalesced),
+                dict(self._commits),
+                self._max_drivers,
+                dict(self._epochs),
             )
 
     def stop(self, timeout_s: float = 30) -> None:
@@ -101,7 +119,8 @@ class Observer(threading.Thread):
 
 
 def _record_body(data: bytes) -> dict | None:
-    """A batch record's body (input ranges, coalesced times); None while the file is torn."""
+    """A log entry's body (a record's input ranges and coalesced times, a commit's epoch); None
+    while the file is torn."""
     try:
         return json.loads(data)["body"]
     except (ValueError, KeyError):

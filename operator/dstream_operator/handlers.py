@@ -184,7 +184,7 @@ async def delete_checkpoint(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
             message="the checkpoint is not on a job volume: nothing to delete",
         )
         return
-    if await stop_driver(memo.kube, owner, STOP_JOB_DELETION, job.spec.driver.standby):
+    if await stop_driver(memo.kube, owner, STOP_JOB_DELETION):
         raise kopf.TemporaryError("waiting for the driver to stop", delay=WAIT_SECONDS)
     name = resources.cleanup_pod_name(owner.name)
     cleanup = await memo.kube.get("v1", "Pod", owner.namespace, name)
@@ -242,17 +242,15 @@ async def delete_orphaned_driver(kube: Kube, namespace: str, driver: PodFacts) -
 async def driver_pod_seen(
     type: str | None,
     body: kopf.Body,
-    name: str,
     namespace: str,
     labels: kopf.Labels,
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    job = labels[resources.JOB_LABEL]
-    if name in (resources.driver_name(job), resources.second_driver_name(job)):
-        second = name == resources.second_driver_name(job)
-        facts, deleted = pod_facts(body), type == "DELETED"
-        memo.book.see_driver((namespace, job), facts, deleted, second)
+    """Any pod with the job's label and the driver role is one of its drivers, whatever its
+    name (a name per attempt, `resources.driver_name`)."""
+    key = (namespace, labels[resources.JOB_LABEL])
+    memo.book.see_driver(key, pod_facts(body), deleted=type == "DELETED")
 
 
 @kopf.on.event("", "v1", "pods", labels=EXECUTOR_PODS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import kubernetes
@@ -165,6 +166,22 @@ class Kube:
         self, api_version: str, kind: str, namespace: str, name: str
     ) -> dict[str, Any] | None:
         return await self._request("GET", object_path(api_version, kind, namespace, name))
+
+    async def list_by_labels(
+        self, api_version: str, kind: str, namespace: str, labels: dict[str, str]
+    ) -> list[dict[str, Any]]:
+        """The objects of a kind in a namespace that carry all of `labels`. The API server
+        selects them; each is checked again here, so a server that ignores the selector (an
+        emulator) cannot hand back other objects."""
+        selector = ",".join(f"{key}={value}" for key, value in labels.items())
+        path = object_path(api_version, kind, namespace)
+        found = await self._request("GET", f"{path}?labelSelector={quote(selector)}")
+        items = (found or {}).get("items") or []
+        return [
+            item
+            for item in items
+            if labels.items() <= ((item.get("metadata") or {}).get("labels") or {}).items()
+        ]
 
     async def patch(
         self,

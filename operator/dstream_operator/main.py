@@ -117,7 +117,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--driver-host",
         choices=["service", "pod-ip"],
         default="service",
-        help="how executors reach a driver: the Service's DNS name or the pod IP",
+        help="how the operator reads a driver's API: the Service's DNS name or the pod IP "
+        "(executors always reach their own driver at its pod IP)",
     )
     parser.add_argument(
         "--api-server",

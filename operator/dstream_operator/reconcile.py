@@ -11,6 +11,11 @@ counts no restart (the job did not stop: the survivor leads, or goes on standing
 pod missing beside a live one is created. When both are gone the job's restartPolicy applies as
 to a single driver; a spec change or a suspension stops both. A pod of the two that keeps
 dying is replaced under the restart backoff from its second replacement on (`DriverRoles`).
+
+Driver pods have a name per attempt (`<job>-driver-<n>`, resources.driver_name) and are told
+apart by what they are, not by name: a pod the operator stopped, or whose end it handled, that
+is still going away (`PodFacts.retiring`) is `stopping`, and no longer the job's driver. A lost
+driver's replacement is created at once, beside the stopping pod (`_replaces_at_once`).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class Observation:
     now: datetime
     template_overrides: tuple[str, ...] = ()  # pod template fields the operator overrides
     second: PodFacts | None = None  # the second driver pod (driver.standby)
+    stopping: tuple[PodFacts, ...] = ()  # driver pods retiring (stopped, not yet gone)
     second_vanished: PodFacts | None = None
     leader: str | None = None  # the holder of the job's Lease (driver.standby)
     generation: int | None = None  # of the spec `job` was parsed from
@@ -278,7 +284,7 @@ def ended_driver(seen: Observation) -> restarts.Termination | None:
 def _handle_termination(seen: Observation, job: StreamingJob, step: Plan) -> None:
     driver = seen.driver
     if driver is not None and driver.terminal and not driver.deleting:
-        step.stop_driver = STOP_ENDED  # frees the pod name for the next driver
+        step.stop_driver = STOP_ENDED  # removes the ended pod
     ended = ended_driver(seen)
     if ended is None:
         return
@@ -363,7 +369,7 @@ def _run(seen: Observation, step: Plan, run_hash: str) -> None:
         step.status = with_phase(status, phase, _rollback_note(status), seen.now)
         _reset_after_stable_run(seen, step)
         return
-    if driver is not None:
+    if not _replaces_at_once(seen):
         return  # the old driver is still going away
     due = status.next_restart_time
     if due is not None and seen.now < due:
@@ -383,6 +389,20 @@ def _run(seen: Observation, step: Plan, run_hash: str) -> None:
         step.events.append(
             Event("Warning", "PodTemplateOverridden", message + ", ".join(seen.template_overrides))
         )
+
+
+def _replaces_at_once(seen: Observation) -> bool:
+    """Whether the next driver may start while the old one's pod is still going away: only
+    when the old driver was lost (`STOP_ENDED`) and the job has a checkpoint. Every driver pod
+    waits for its checkpoint's lead (`--standby`) and then claims a new epoch, which fences off
+    the old driver should it still write (docs/fault-tolerance.md). A driver stopped on purpose
+    (a spec change, a suspension) is waited for: its graceful stop still commits batches, and
+    a changed spec may name another checkpoint, where nothing fences the two. Without a
+    checkpoint nothing does either."""
+    assert seen.job is not None
+    going = [*seen.stopping, *([seen.driver] if seen.driver is not None else [])]
+    lost = all(pod.stop_reason in (None, STOP_ENDED) for pod in going)
+    return not going or (lost and seen.job.spec.checkpoint is not None)
 
 
 def _unhandled_end(pod: PodFacts | None, vanished: bool) -> bool:
@@ -443,8 +463,8 @@ def _next_replacement(seen: Observation, roles: DriverRoles) -> tuple[int, datet
 
 
 def _replace_lost(seen: Observation, lead: PodFacts, ended: list[PodFacts], step: Plan) -> None:
-    """One of the two drivers ended while the other lives: remove it, and (once its name is
-    free, and its backoff passed) create it again, counting no restart."""
+    """One of the two drivers ended while the other lives: remove it, and (once it is marked,
+    and its backoff passed) create another, counting no restart."""
     _, due = _next_replacement(seen, seen.status.driver or DriverRoles())
     when = f"in {(due - seen.now).total_seconds():.0f} s" if due and due > seen.now else "now"
     for pod in ended:

@@ -77,20 +77,23 @@ def dns_label(text: str, limit: int = 63) -> str:
     return f"{label[: limit - 9].rstrip('-')}-{digest}"
 
 
-def driver_name(job: str) -> str:
-    """Name of the driver pod."""
-    return f"{job}-driver"
+def driver_name(job: str, attempt: int) -> str:
+    """The job's `attempt`-th driver pod (counted from 1 over the job's life, `status.driverAttempts`).
+    A name per attempt lets a lost driver's replacement start while the old pod is still
+    stopping; the operator finds a job's driver pods by their labels, never by name."""
+    return f"{job}-driver-{attempt}"
 
 
-def second_driver_name(job: str) -> str:
-    """The second driver pod of a job with `driver.standby` (either of the two may lead)."""
-    return f"{job}-driver-2"
+def driver_attempt(job: str, pod: str) -> int | None:
+    """The attempt a driver pod's name carries (`driver_name`); None for another name (a pod of
+    an operator from before names per attempt: `<job>-driver`)."""
+    suffix = pod.removeprefix(f"{job}-driver-")
+    return int(suffix) if suffix != pod and suffix.isdigit() else None
 
 
-def driver_pod_names(job: StreamingJob, owner: Owner) -> tuple[str, ...]:
-    """The driver pods the job runs: one, or two with `driver.standby`."""
-    first = driver_name(owner.name)
-    return (first, second_driver_name(owner.name)) if job.spec.driver.standby else (first,)
+def driver_pod_count(job: StreamingJob) -> int:
+    """The live driver pods the job runs: one, or two with `driver.standby`."""
+    return 2 if job.spec.driver.standby else 1
 
 
 def lease_name(job: str) -> str:
@@ -115,18 +118,16 @@ def cleanup_pod_name(job: str) -> str:
     return f"{job}-checkpoint-cleanup"
 
 
-def executor_pod_prefix(job: str, driver_pod: str | None = None) -> str:
+def executor_pod_prefix(driver_pod: str) -> str:
     """Spark requires the prefix of `<prefix>-exec-<n>` to be a DNS label of at most 47 chars.
-    The second driver of a standby job names its executors after itself: the two drivers'
-    executors run side by side."""
-    if driver_pod is None or driver_pod == driver_name(job):
-        return dns_label(job, 47)
+    Every driver pod names its executors after itself: two drivers' executors run side by side
+    (a standby job's pair, or a lost driver's and its replacement's while the old one stops)."""
     return dns_label(driver_pod, 47)
 
 
-def executors_of(job: str, driver_pod: str, executors: dict[str, bool]) -> dict[str, bool]:
+def executors_of(driver_pod: str, executors: dict[str, bool]) -> dict[str, bool]:
     """Of the job's executor pods (name -> ready), those of one of its driver pods."""
-    prefix = f"{executor_pod_prefix(job, driver_pod)}-exec-"
+    prefix = f"{executor_pod_prefix(driver_pod)}-exec-"
     return {name: ready for name, ready in executors.items() if name.startswith(prefix)}
 
 
@@ -286,10 +287,11 @@ def config_map(job: StreamingJob, owner: Owner) -> dict[str, Any]:
 
 
 def service(owner: Owner, standby: bool = False) -> dict[str, Any]:
-    """Headless, and publishing not-ready addresses: executors must reach the driver while it
-    starts, before its readiness probe passes. With a standby it points at the leader only:
-    a driver is ready once it has completed a batch, which a standby never does, and the
-    executors reach their own driver at its pod IP instead (`spark_conf`)."""
+    """Headless, selecting the job's driver pods by label, for the driver's API (the operator
+    with `--driver-host service`, Prometheus) and UI; executors reach their own driver at its
+    pod IP (`spark_conf`). It publishes not-ready addresses, so the API answers while a driver
+    starts (a driver is ready once it has completed a batch). With a standby it points at the
+    leader only, the one ready pod: a standby never completes a batch."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -338,7 +340,7 @@ def disruption_budget(
     settings = job.spec.driver if role == "driver" else job.spec.executor
     if not settings.disruption_budget.enabled:
         return None
-    pods = len(driver_pod_names(job, owner)) if role == "driver" else job.spec.executor.instances
+    pods = driver_pod_count(job) if role == "driver" else job.spec.executor.instances
     return {
         "apiVersion": policy_version,
         "kind": "PodDisruptionBudget",
@@ -512,23 +514,17 @@ def grace_seconds(job: StreamingJob) -> int:
 KUBE_LEASE_KEY = "spark.dstream.lease.kubernetes"
 
 
-def spark_conf(
-    job: StreamingJob, owner: Owner, driver_host: DriverHost, pod: str | None = None
-) -> dict[str, str]:
-    """Spark's Kubernetes client-mode settings for this job's driver pod `pod` (the first by
-    default); the user's sparkConf comes last and wins. The two drivers of a standby job are
-    reached at their pod IPs (the Service points at the leader only) and elect through the
-    job's Lease."""
+def spark_conf(job: StreamingJob, owner: Owner, pod: str | None = None) -> dict[str, str]:
+    """Spark's Kubernetes client-mode settings for this job's driver pod `pod` (the first
+    attempt's by default); the user's sparkConf comes last and wins. Executors reach their
+    driver at its pod IP, not through the Service: the Service may also hold a driver that is
+    still stopping while its replacement starts, or a standby job's other driver. The two
+    drivers of a standby job elect through the job's Lease."""
     spec = job.spec
-    pod = pod or driver_name(owner.name)
-    host = (
-        "$(POD_IP)"
-        if driver_host == "pod-ip" or spec.driver.standby
-        else f"{service_name(owner.name)}.{owner.namespace}.svc"
-    )
+    pod = pod or driver_name(owner.name, 1)
     conf = {
         "spark.submit.deployMode": "client",
-        "spark.driver.host": host,
+        "spark.driver.host": "$(POD_IP)",
         "spark.driver.bindAddress": "$(POD_IP)",
         "spark.driver.port": str(DRIVER_PORT),
         "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
@@ -540,7 +536,7 @@ def spark_conf(
         "spark.kubernetes.container.image": spec.image,
         "spark.kubernetes.container.image.pullPolicy": spec.image_pull_policy,
         "spark.kubernetes.driver.pod.name": pod,
-        "spark.kubernetes.executor.podNamePrefix": executor_pod_prefix(owner.name, pod),
+        "spark.kubernetes.executor.podNamePrefix": executor_pod_prefix(pod),
         f"spark.kubernetes.executor.label.{JOB_LABEL}": owner.name,
         f"spark.kubernetes.executor.label.{ROLE_LABEL}": "executor",
         "spark.executor.instances": str(spec.executor.instances),
@@ -710,19 +706,19 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 def driver_args(
     job: StreamingJob,
     owner: Owner,
-    driver_host: DriverHost,
     api_server: str = DEFAULT_API_SERVER,
     pod: str | None = None,
 ) -> list[str]:
-    """The fixed driver CLI contract: job file, API port, master, API host, `--standby` for
-    either driver of a standby job (the Lease decides which leads), then `--conf key=value`s.
+    """The fixed driver CLI contract: job file, API port, master, API host, `--standby`, then
+    `--conf key=value`s. Every driver pod is started `--standby`: it waits for its checkpoint's
+    lead instead of refusing a checkpoint led by a live driver. A lost driver's replacement is
+    created while the old pod may still be stopping (its pod has a name of its own), and takes
+    over once that one lets go; a standby job's two drivers elect through the job's Lease.
     The API listens on every interface (probes, the operator, Prometheus), which the driver
     allows only with a token (API_TOKEN_FILE)."""
     args = [JOB_FILE, "--port", str(API_PORT), "--master", f"k8s://{api_server}"]
-    args += ["--host", "0.0.0.0"]
-    if job.spec.driver.standby:
-        args.append("--standby")
-    for key, value in spark_conf(job, owner, driver_host, pod).items():
+    args += ["--host", "0.0.0.0", "--standby"]
+    for key, value in spark_conf(job, owner, pod).items():
         args += ["--conf", f"{key}={value}"]
     return args
 
@@ -730,23 +726,22 @@ def driver_args(
 def driver_pod(
     job: StreamingJob,
     owner: Owner,
-    driver_host: DriverHost,
     api_server: str = DEFAULT_API_SERVER,
     pod: str | None = None,
 ) -> dict[str, Any]:
-    """The driver pod `pod` (the first by default; see `driver_pod_names`): what the operator
-    generates, laid over the job's pod customisation."""
-    return _driver_pod_and_overrides(job, owner, driver_host, api_server, pod)[0]
+    """The driver pod `pod` (the first attempt's by default; see `driver_name`): what the
+    operator generates, laid over the job's pod customisation."""
+    return _driver_pod_and_overrides(job, owner, api_server, pod)[0]
 
 
 def template_overrides(
-    job: StreamingJob, owner: Owner, driver_host: DriverHost, api_server: str = DEFAULT_API_SERVER
+    job: StreamingJob, owner: Owner, api_server: str = DEFAULT_API_SERVER
 ) -> list[str]:
     """The pod fields where the job's pod template or first-class fields asked for a value that
     the operator's own (or a first-class field's over a template's) replaced, for a warning
     Event: a job cannot change what the operator must own, such as the driver's command,
     ports, ownerReferences and the dstream.dev labels."""
-    driver = _driver_pod_and_overrides(job, owner, driver_host, api_server)[1]
+    driver = _driver_pod_and_overrides(job, owner, api_server)[1]
     executor = _customised(job.spec.executor, EXECUTOR_CONTAINER)[1]
     return [f"driver pod {path}" for path in driver] + [f"executor pod {path}" for path in executor]
 
@@ -754,26 +749,23 @@ def template_overrides(
 def _driver_pod_and_overrides(
     job: StreamingJob,
     owner: Owner,
-    driver_host: DriverHost,
     api_server: str,
     name: str | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     customised, by_fields = _customised(job.spec.driver, DRIVER_CONTAINER)
-    pod, by_operator = merge_under(
-        customised, _generated_driver_pod(job, owner, driver_host, api_server, name)
-    )
+    pod, by_operator = merge_under(customised, _generated_driver_pod(job, owner, api_server, name))
     return pod, by_fields + by_operator
 
 
 def _generated_driver_pod(
-    job: StreamingJob, owner: Owner, driver_host: DriverHost, api_server: str, name: str | None
+    job: StreamingJob, owner: Owner, api_server: str, name: str | None
 ) -> dict[str, Any]:
     """The driver pod as the operator needs it. Its restartPolicy is Never: the operator, not
     the kubelet, applies the job's restartPolicy, so restarts are counted and backed off. A
     startup probe gives a recovering driver time to replay its checkpoint before liveness
     checks begin."""
     spec = job.spec
-    name = name or driver_name(owner.name)
+    name = name or driver_name(owner.name, 1)
     user_volumes, user_mounts = _user_volumes(job)
     memory = f"{pod_memory_mib(spec.driver.memory)}Mi"
     metadata = _metadata(name, owner, "driver")
@@ -783,7 +775,7 @@ def _generated_driver_pod(
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["python", "-m", "dstream.service.driver"],
-        "args": driver_args(job, owner, driver_host, api_server, name),
+        "args": driver_args(job, owner, api_server, name),
         "env": [
             _field_env("POD_IP", "status.podIP"),
             _field_env("POD_NAME", "metadata.name"),

@@ -78,6 +78,12 @@ class JobStatus(StatusModel):
     )
     executors: Executors | None = None
     restarts: int = Field(0, ge=0, description="Driver restarts after failures or losses.")
+    driver_attempts: int = Field(
+        0,
+        ge=0,
+        description="Driver pods created for this job so far; the next one is named "
+        "<job>-driver-<driverAttempts + 1>.",
+    )
     next_restart_time: datetime | None = Field(
         None, description="When the operator will start the next driver (restart backoff)."
     )
@@ -146,6 +152,12 @@ class PodFacts:
     def alive(self) -> bool:
         """Running or about to: neither ended nor on its way out."""
         return not self.terminal and not self.deleting
+
+    @property
+    def retiring(self) -> bool:
+        """Stopped by the operator (or its end handled) and on its way out: the driver it was
+        has been dealt with, and its replacement need not wait for the pod to go."""
+        return self.stop_reason is not None and self.deleting
 
     def describe_end(self) -> str:
         """A one-line account of why the pod ended, for events and status messages."""

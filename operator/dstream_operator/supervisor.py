@@ -75,10 +75,8 @@ class JobMemory:
     children_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     stepped: asyncio.Event = field(default_factory=asyncio.Event)  # set after its first step
     status: JobStatus | None = None  # as the supervisor last wrote it
-    driver: PodFacts | None = None
-    vanished: PodFacts | None = None  # a driver pod gone since the last step
-    second: PodFacts | None = None  # the second driver pod of a job with driver.standby
-    second_vanished: PodFacts | None = None
+    drivers: dict[str, PodFacts] = field(default_factory=dict)  # the job's driver pods by name
+    vanished: list[PodFacts] = field(default_factory=list)  # driver pods gone since the last step
     executors: dict[str, bool] = field(default_factory=dict)  # pod name -> ready
     report: DriverReport | None = None
     polled_at: float = -math.inf
@@ -89,22 +87,47 @@ class JobMemory:
         """Remember that the supervisor stopped `pod` or handled its end. Watch events may
         have moved it meanwhile (a force-deleted pod is already `vanished`): mark it where it
         is now, or its end would be counted again."""
-        if self.driver is not None and self.driver.uid == pod.uid:
-            self.driver = dataclasses.replace(self.driver, deleting=True, stop_reason=reason)
-        if self.vanished is not None and self.vanished.uid == pod.uid:
-            self.vanished = dataclasses.replace(self.vanished, stop_reason=reason)
-        if self.second is not None and self.second.uid == pod.uid:
-            self.second = dataclasses.replace(self.second, deleting=True, stop_reason=reason)
-        if self.second_vanished is not None and self.second_vanished.uid == pod.uid:
-            self.second_vanished = dataclasses.replace(self.second_vanished, stop_reason=reason)
+        known = self.drivers.get(pod.name)
+        if known is not None and known.uid == pod.uid:
+            self.drivers[pod.name] = dataclasses.replace(known, deleting=True, stop_reason=reason)
+        self.vanished = [
+            dataclasses.replace(p, stop_reason=reason) if p.uid == pod.uid else p
+            for p in self.vanished
+        ]
 
     def driver_pods(self) -> list[PodFacts]:
-        return [p for p in (self.driver, self.second) if p is not None]
+        return list(self.drivers.values())
+
+    def view(self, job: str) -> DriverView:
+        """The job's driver pods as `reconcile.plan` sees them (see `DriverView`)."""
+        pods = sorted(
+            self.drivers.values(), key=lambda p: resources.driver_attempt(job, p.name) or 0
+        )
+        current = [p for p in pods if not p.retiring]
+        return DriverView(
+            driver=current[0] if current else None,
+            second=current[1] if len(current) > 1 else None,
+            stopping=tuple(p for p in pods if p.retiring),
+        )
 
     def current_status(self) -> JobStatus:
         if self.status is not None:
             return self.status
         return JobStatus.model_validate((self.body or {}).get("status") or {})
+
+
+@dataclass(frozen=True)
+class DriverView:
+    """A job's driver pods as the plan sees them, found by their labels, whatever their names:
+    those retiring (stopped by the operator and on their way out) are `stopping`; of the
+    others, oldest attempt first, the `driver` and (a standby job's) `second`."""
+
+    driver: PodFacts | None
+    second: PodFacts | None
+    stopping: tuple[PodFacts, ...]
+
+    def current(self) -> list[PodFacts]:
+        return [p for p in (self.driver, self.second) if p is not None]
 
 
 class DriverIdentities:
@@ -156,22 +179,23 @@ class JobBook:
             self.memory(key).body = body
         self.touch(key)
 
-    def see_driver(self, key: JobKey, pod: PodFacts, deleted: bool, second: bool = False) -> None:
-        """A driver pod changed: the job's first, or (`second`) its standby job's second."""
+    def see_driver(self, key: JobKey, pod: PodFacts, deleted: bool) -> None:
+        """One of the job's driver pods (any pod with its labels and the driver role) changed."""
         memory = self.memory(key)
-        known = memory.second if second else memory.driver
-        if known is not None and known.uid == pod.uid and pod.stop_reason is None:
-            # an event from before the supervisor marked this pod: keep the mark, so that the
-            # pod's end is not counted twice
-            pod = dataclasses.replace(pod, stop_reason=known.stop_reason)
-        current, vanished = (None, pod) if deleted else (pod, None)
-        if second:
-            memory.second = current
-            memory.second_vanished = vanished or memory.second_vanished
-        else:
-            memory.driver = current
-            memory.vanished = vanished or memory.vanished
-        if deleted:
+        known = memory.drivers.get(pod.name)
+        if known is not None and known.uid == pod.uid:
+            # an event from before the supervisor marked and deleted this pod: keep the mark
+            # and the deletion (neither is ever undone), so that the pod's end is not counted
+            # twice and its replacement does not take it for the job's driver
+            stop_reason = pod.stop_reason or known.stop_reason
+            pod = dataclasses.replace(
+                pod, stop_reason=stop_reason, deleting=pod.deleting or known.deleting
+            )
+        if not deleted:
+            memory.drivers[pod.name] = pod
+        elif known is None or known.uid == pod.uid:
+            memory.drivers.pop(pod.name, None)
+            memory.vanished.append(pod)
             self._forget_if_orphaned(key)
         self.touch(key)
 
@@ -286,13 +310,12 @@ def parse(body: dict[str, Any]) -> tuple[StreamingJob | None, tuple[str, ...]]:
         return None, tuple(error.problems)
 
 
-async def stop_driver(
-    kube: Kube, owner: resources.Owner, reason: str, standby: bool = False
-) -> bool:
-    """Stop the job's driver pod (`stop_pod`), both of a `standby` job; False if none was."""
-    names = [resources.driver_name(owner.name)]
-    names += [resources.second_driver_name(owner.name)] if standby else []
-    stopped = [await stop_pod(kube, owner, name, reason) for name in names]
+async def stop_driver(kube: Kube, owner: resources.Owner, reason: str) -> bool:
+    """Stop every driver pod of the job (`stop_pod`), found by its labels as the API server
+    lists them now; False if there was none."""
+    labels = {resources.JOB_LABEL: owner.name, resources.ROLE_LABEL: "driver"}
+    pods = await kube.list_by_labels("v1", "Pod", owner.namespace, labels)
+    stopped = [await stop_pod(kube, owner, p["metadata"]["name"], reason) for p in pods]
     return any(stopped)
 
 
@@ -309,6 +332,21 @@ async def stop_pod(kube: Kube, owner: resources.Owner, name: str, reason: str) -
     if marked is None:
         return False
     return await kube.delete("v1", "Pod", owner.namespace, name)
+
+
+def last_attempt(memory: JobMemory, job: str, status: JobStatus) -> int:
+    """The highest driver attempt so far: counted in the status, or carried by a pod's name
+    (one the last step created before its status write failed, or one still going away)."""
+    pods = [*memory.driver_pods(), *memory.vanished]
+    attempts = (resources.driver_attempt(job, p.name) or 0 for p in pods)
+    return max([status.driver_attempts, *attempts])
+
+
+def ready_executors(memory: JobMemory, driver: str | None) -> int:
+    """The ready executors of one driver pod: the job's driver, or the leader of a standby
+    job's two (the standby's executors stand by too). Each driver pod names its executors after
+    itself, so a stopping driver's executors are not counted for its replacement."""
+    return sum(resources.executors_of(driver, memory.executors).values()) if driver else 0
 
 
 def _reject(step: Plan, message: str, now: datetime) -> None:
@@ -429,24 +467,28 @@ class Supervisor:
         derived = self._derived(memory, owner)
         generation = memory.body["metadata"].get("generation")  # of the spec derived from
         job = derived.job
-        vanished, memory.vanished = memory.vanished, None
-        second_vanished, memory.second_vanished = memory.second_vanished, None
+        view = memory.view(owner.name)
+        vanished, memory.vanished = memory.vanished, []
+        ended = [p for p in vanished if p.stop_reason is None]  # the others were handled
         try:
-            leader = await self._leader(memory, owner, job)
+            pair = view.second is not None or (job is not None and job.spec.driver.standby)
+            leader = await self._leader(view, owner) if pair else None
+            serving = leader if pair else (view.driver.name if view.driver else None)
             seen = Observation(
                 job=job,
                 job_uid=owner.uid,
                 problems=derived.problems,
                 status=memory.current_status(),
-                driver=memory.driver,
-                vanished=vanished,
-                executors_ready=sum(self._executors(memory, owner, leader).values()),
-                report=await self._report(memory, owner, http, leader),
+                driver=view.driver,
+                vanished=ended[0] if ended else None,
+                executors_ready=ready_executors(memory, serving),
+                report=await self._report(memory, view, owner, http, leader),
                 spec_hash=derived.spec_hash,
                 now=datetime.now(UTC),
                 template_overrides=derived.template_overrides,
-                second=memory.second,
-                second_vanished=second_vanished,
+                second=view.second,
+                second_vanished=ended[1] if len(ended) > 1 else None,
+                stopping=view.stopping,
                 leader=leader,
                 generation=generation,
             )
@@ -455,8 +497,7 @@ class Supervisor:
             if step.wake_at is not None:
                 self.book.step_at(key, step.wake_at)
         except Exception:
-            memory.vanished = memory.vanished or vanished  # decide on it again next time
-            memory.second_vanished = memory.second_vanished or second_vanished
+            memory.vanished = vanished + memory.vanished  # decide on them again next time
             raise
         status = step.status.model_copy(update={"observed_generation": generation})
         await self._write_status(memory, owner, status)
@@ -473,50 +514,34 @@ class Supervisor:
             job,
             problems,
             resources.spec_hash(job) if job else "",
-            tuple(
-                resources.template_overrides(job, owner, settings.driver_host, settings.api_server)
-                if job
-                else ()
-            ),
+            tuple(resources.template_overrides(job, owner, settings.api_server) if job else ()),
         )
         memory.derived = (key, derived)
         return derived
 
-    async def _leader(
-        self, memory: JobMemory, owner: resources.Owner, job: StreamingJob | None
-    ) -> str | None:
-        """The driver pod of a standby job that holds its Lease, if one of those known does
-        (not a dead one whose name a new pod has taken)."""
-        if not memory.second and not (job and job.spec.driver.standby):
-            return None
+    async def _leader(self, view: DriverView, owner: resources.Owner) -> str | None:
+        """The driver pod of a standby job that holds its Lease, if one of its current pods
+        does (by name and uid; a stopping pod may hold it until its graceful stop ends, but it
+        is no longer the job's driver: its executors and report are not the job's)."""
         name = resources.lease_name(owner.name)
         lease = await self.kube.get(LEASE_API, "Lease", owner.namespace, name)
         holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
-        pods = memory.driver_pods()
+        pods = view.current()
         return next(
             (p.name for p in pods if resources.lease_identity(p.name, p.uid) == holder), None
         )
 
-    @staticmethod
-    def _executors(
-        memory: JobMemory, owner: resources.Owner, leader: str | None
-    ) -> dict[str, bool]:
-        """The job's executors, the leader's only when it has two drivers (the standby's
-        executors are standing by too)."""
-        if not memory.second:
-            return memory.executors
-        return resources.executors_of(owner.name, leader or "", memory.executors)
-
     async def _report(
         self,
         memory: JobMemory,
+        view: DriverView,
         owner: resources.Owner,
         http: aiohttp.ClientSession,
         leader: str | None,
     ) -> DriverReport | None:
         """The driver's (the leader's) last report, refreshed at most once per interval while
         it runs."""
-        pods = memory.driver_pods()
+        pods = view.current()
         driver = next((p for p in pods if p.name == leader), pods[0] if pods else None)
         if driver is None or not driver.alive or driver.phase != "Running":
             memory.report, memory.polled_at = None, -math.inf
@@ -540,7 +565,7 @@ class Supervisor:
     ) -> None:
         if step.restarted:
             memory.applied.clear()  # a lost driver's replacement repairs them
-        for pod in memory.driver_pods():
+        for pod in memory.view(owner.name).current():  # those retiring are stopped already
             reason = step.stop_driver or (STOP_ENDED if pod.name in step.ended_pods else None)
             if reason is not None:
                 await stop_pod(self.kube, owner, pod.name, reason)
@@ -572,14 +597,14 @@ class Supervisor:
         step: Plan,
         now: datetime,
     ) -> None:
-        """Create the job's driver pods that do not exist: the first, and a standby job's
-        second."""
-        names = resources.driver_pod_names(job, owner)
-        for name in names:
-            if name in (p.name for p in memory.driver_pods()):
-                continue
+        """Create the driver pods the job runs and does not have (one, or a standby job's two,
+        besides those retiring), each named for the next attempt; the status counts them."""
+        view = memory.view(owner.name)
+        attempt = last_attempt(memory, owner.name, step.status)
+        for _ in range(resources.driver_pod_count(job) - len(view.current())):
+            name = resources.driver_name(owner.name, attempt + 1)
             settings = self.settings
-            pod = resources.driver_pod(job, owner, settings.driver_host, settings.api_server, name)
+            pod = resources.driver_pod(job, owner, settings.api_server, name)
             try:
                 created = await self.kube.create(pod)
             except KubeError as error:
@@ -589,11 +614,9 @@ class Supervisor:
                     raise
                 _reject(step, f"the API server rejected the driver pod: {error}", now)
                 return
-            facts = pod_facts(created or pod)
-            if name == names[0]:
-                memory.driver = facts
-            else:
-                memory.second = facts
+            memory.drivers[name] = pod_facts(created or pod)
+            attempt += 1
+            step.status = step.status.model_copy(update={"driver_attempts": attempt})
 
     async def _write_status(
         self, memory: JobMemory, owner: resources.Owner, status: JobStatus

@@ -31,6 +31,7 @@ silently pruned, not rejected) and no PodSecurity admission.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import math
 import os
@@ -210,16 +211,15 @@ class Harness:
         return self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
 
     def driver(self, job: str) -> client.V1Pod | None:
-        """The job's driver pod, unless it is on its way out."""
-        name = f"{job}-driver"
-        return next(
-            (
-                p
-                for p in self.pods(job)
-                if p.metadata.name == name and not p.metadata.deletion_timestamp
-            ),
-            None,
-        )
+        """The job's driver pod, found by its labels, unless it is on its way out: the newest
+        attempt's (the operator names them `<job>-driver-<n>`)."""
+        live = [
+            p
+            for p in self.pods(job)
+            if p.metadata.labels.get("dstream.dev/role") == "driver"
+            and not p.metadata.deletion_timestamp
+        ]
+        return max(live, key=lambda p: int(p.metadata.name.rsplit("-", 1)[1]), default=None)
 
     def children(self, job: str) -> dict[str, Any]:
         """The job's ConfigMap and Service, read by name."""
@@ -484,7 +484,7 @@ def test_job_gets_owned_children_and_status_follows_the_driver_pod(k8s: Harness)
 
     # Running but never ready on the hollow node: the driver API's readiness probe cannot pass.
     status = k8s.wait_for("phase Starting", k8s.phase_is("children", "Starting"))
-    assert status["driverPod"] == "children-driver" and status["observedGeneration"] == 1
+    assert status["driverPod"] == "children-driver-1" and status["observedGeneration"] == 1
     driver_ready = condition(status, "DriverReady")
     assert (driver_ready["status"], driver_ready["reason"]) == ("False", "PodNotReady")
     assert condition(status, "ExecutorsReady")["message"] == "0 of 1 executors ready"
@@ -503,7 +503,7 @@ def _see_running_while_ready(k8s: Harness, job: str) -> dict[str, Any]:
     """Mark the driver pod Ready the way a passing readiness probe would. The hollow kubelet
     reverts it within seconds, so try a few times until the operator reported Running."""
     for _attempt in range(5):
-        pod = k8s.core.read_namespaced_pod(f"{job}-driver", k8s.namespace)
+        pod = k8s.driver(job)
         conditions = [
             {
                 "type": c.type,
@@ -525,7 +525,7 @@ def _see_running_while_ready(k8s: Harness, job: str) -> dict[str, Any]:
 def test_unschedulable_driver_is_pending_until_a_spec_change_fixes_it(k8s: Harness):
     k8s.create_job("pending", driver={"cores": 2, "memory": "512m"})  # the node has 1 CPU
     status = k8s.wait_for("phase Pending", k8s.phase_is("pending", "Pending"))
-    assert condition(status, "DriverReady")["message"] == "driver pod pending-driver is Pending"
+    assert condition(status, "DriverReady")["message"] == "driver pod pending-driver-1 is Pending"
     stuck = k8s.driver("pending")
     assert stuck is not None and not stuck.spec.node_name
 
@@ -597,7 +597,7 @@ def _lose_driver_and_see_it_replaced(
     due = timestamp(status["nextRestartTime"]) if backoff else lost_at
     assert lost_at + backoff - 0.5 <= due <= lost_at + backoff + NOTICE_SECONDS
 
-    # the next driver has the same name: it can only be created once the old pod is gone
+    # no checkpoint fences the two drivers: the next is created once the old pod is gone
     k8s.wait_for(
         "the old driver pod gone",
         lambda: all(p.metadata.uid != old.metadata.uid for p in k8s.pods(job)),
@@ -675,6 +675,62 @@ def test_lost_drivers_are_replaced_with_backoff_until_max_restarts(k8s: Harness)
 
 
 CHECKPOINT_VOLUME = {"name": "state", "mountPath": "/state", "hostPath": {"path": "/srv/dstream"}}
+HOLD = "dstream.dev/test-hold"  # a finalizer that keeps a deleted pod in its graceful stop
+
+
+@contextlib.contextmanager
+def held_in_its_stop(k8s: Harness, pod: client.V1Pod) -> Iterator[None]:
+    """Keep `pod`, once deleted, on its way out (deletionTimestamp set) until the block ends,
+    as a real driver finishing its last batch keeps its pod: the hollow kubelet ends pods at
+    once."""
+    k8s.core.patch_namespaced_pod(
+        pod.metadata.name, k8s.namespace, {"metadata": {"finalizers": [HOLD]}}
+    )
+    try:
+        yield
+    finally:
+        k8s.core.patch_namespaced_pod(
+            pod.metadata.name, k8s.namespace, {"metadata": {"finalizers": None}}
+        )
+
+
+def test_a_lost_drivers_replacement_is_created_while_the_old_pod_still_stops(k8s: Harness):
+    """Driver pods have a name per attempt: a lost driver's replacement does not wait for the
+    old pod to go when the checkpoint's epoch fences the two (docs/fault-tolerance.md); without
+    a checkpoint it still does. Two 250m drivers fit the hollow node's one CPU at once."""
+    driver = {"cores": 1, "coresRequest": "250m", "memory": "512m"}
+    checkpoint = {"path": "/state/overlap"}
+    k8s.create_job("overlap", driver=driver, volumes=[CHECKPOINT_VOLUME], checkpoint=checkpoint)
+    old = k8s.running_driver("overlap")
+    assert old.metadata.name == "overlap-driver-1"
+    with held_in_its_stop(k8s, old):
+        deleted_at = time.time()
+        k8s.core.delete_namespaced_pod(old.metadata.name, k8s.namespace)
+        new = k8s.wait_for(
+            "the replacement driver pod",
+            lambda: (pod := k8s.driver("overlap")) and pod.metadata.uid != old.metadata.uid and pod,
+        )
+        created_after = time.time() - deleted_at
+        stopping = k8s.core.read_namespaced_pod(old.metadata.name, k8s.namespace)
+        assert stopping.metadata.deletion_timestamp is not None  # still on its way out
+        assert stopping.metadata.annotations["dstream.dev/stop-reason"] == "ended"
+        assert new.metadata.name == "overlap-driver-2"
+        status = k8s.wait_for(  # written after the step's pod was created
+            "the loss counted", lambda: (s := k8s.status("overlap")).get("restarts") == 1 and s
+        )
+        assert status["driverAttempts"] == 2
+        k8s.running_driver("overlap")  # both pods on the node, the old one still stopping
+        print(f"\nreplacement created {created_after:.1f} s after the deletion, old pod held")
+    k8s.wait_for("the old pod gone", lambda: len(k8s.pods("overlap")) == 1)
+
+    k8s.create_job("waits", driver=driver)  # no checkpoint
+    old = k8s.running_driver("waits")
+    with held_in_its_stop(k8s, old):
+        k8s.core.delete_namespaced_pod(old.metadata.name, k8s.namespace)
+        k8s.wait_for("the loss counted", lambda: k8s.status("waits").get("restarts") == 1)
+        k8s.holds_for("no replacement beside the old pod", lambda: not k8s.driver("waits"), 3)
+    new = k8s.wait_for("the replacement, once the old pod is gone", lambda: k8s.driver("waits"))
+    assert new.metadata.name == "waits-driver-2"
 
 
 def test_suspend_keeps_the_checkpoint_and_resume_starts_a_driver(k8s: Harness):

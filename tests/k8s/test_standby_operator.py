@@ -1,5 +1,5 @@
 """A job with `driver.standby` under the operator as it ships, on the real API server: two driver
-pods with their own names and executors, both electing through the job's Lease; the status
+pods with their own names (one per attempt) and executors, both electing through the job's Lease; the status
 names the Lease holder as leader; a lost pod is replaced at once without counting a restart; a
 spec change replaces both. On the hollow node nothing runs (see test_operator.py), so the
 Lease is written here as the drivers write it (their own election is tested for real in
@@ -28,7 +28,8 @@ operator_process = test_operator.operator_process
 k8s = test_operator.k8s
 
 JOB = "pair"
-FIRST, SECOND = f"{JOB}-driver", f"{JOB}-driver-2"
+FIRST, SECOND, THIRD = (f"{JOB}-driver-{n}" for n in (1, 2, 3))  # a pod name per attempt
+LEASE = f"{JOB}-driver"  # the job's Lease, like its Service and its drivers' budget
 
 
 def live_pods(k8s: Harness) -> dict[str, client.V1Pod]:
@@ -48,12 +49,12 @@ def hold_lease(k8s: Harness, holder: client.V1Pod) -> None:
     spec = {"holderIdentity": identity, "leaseDurationSeconds": 10, "renewTime": now}
     try:
         api.patch_namespaced_lease(
-            FIRST, k8s.namespace, {"spec": spec}, _content_type="application/merge-patch+json"
+            LEASE, k8s.namespace, {"spec": spec}, _content_type="application/merge-patch+json"
         )
     except ApiException as error:
         if error.status != 404:
             raise
-        body = {"metadata": {"name": FIRST}, "spec": spec}
+        body = {"metadata": {"name": LEASE}, "spec": spec}
         api.create_namespaced_lease(k8s.namespace, body)
 
 
@@ -69,11 +70,11 @@ def test_a_standby_job_runs_two_drivers_and_replaces_a_lost_one_at_once(k8s: Har
     assert set(pods) == {FIRST, SECOND}
     args = {name: pod.spec.containers[0].args for name, pod in pods.items()}
     assert all("--standby" in a for a in args.values())
-    lease_conf = f"spark.dstream.lease.kubernetes={k8s.namespace}/{FIRST}"
+    lease_conf = f"spark.dstream.lease.kubernetes={k8s.namespace}/{LEASE}"
     assert all(lease_conf in a for a in args.values())
     assert f"spark.kubernetes.executor.podNamePrefix={SECOND}" in args[SECOND]
 
-    budget = budgets(k8s).get(name=FIRST, namespace=k8s.namespace).to_dict()
+    budget = budgets(k8s).get(name=LEASE, namespace=k8s.namespace).to_dict()
     assert budget["spec"]["minAvailable"] == 1  # one of the two drivers at a time
     children = k8s.children(JOB)
     assert not children["Service"].spec.publish_not_ready_addresses  # the ready leader only
@@ -91,12 +92,8 @@ def test_a_standby_job_runs_two_drivers_and_replaces_a_lost_one_at_once(k8s: Har
     )
     assert k8s.status(JOB)["driverPod"] == SECOND
 
-    lost = pods[FIRST]
     k8s.core.delete_namespaced_pod(FIRST, k8s.namespace, grace_period_seconds=0)
-    k8s.wait_for(
-        f"{FIRST} replaced",
-        lambda: (p := live_pods(k8s).get(FIRST)) and p.metadata.uid != lost.metadata.uid,
-    )
+    k8s.wait_for(f"{FIRST} replaced by {THIRD}", lambda: live_pods(k8s).keys() == {SECOND, THIRD})
     status = k8s.wait_for(
         "the replacement counted",
         lambda: (s := k8s.status(JOB))["driver"].get("replacements") == 1 and s,
@@ -107,13 +104,9 @@ def test_a_standby_job_runs_two_drivers_and_replaces_a_lost_one_at_once(k8s: Har
     ).items
     assert any(f"{SECOND} leads; replacing {FIRST}" in e.message for e in lost_events)
 
-    before = {name: pod.metadata.uid for name, pod in live_pods(k8s).items()}
     k8s.patch_spec(JOB, {"batchInterval": "2s"})
     k8s.wait_for(
         "both drivers replaced for the spec change",
-        lambda: (
-            (now := live_pods(k8s)).keys() == before.keys()
-            and all(now[n].metadata.uid != before[n] for n in before)
-        ),
+        lambda: live_pods(k8s).keys() == {f"{JOB}-driver-4", f"{JOB}-driver-5"},
         timeout=2 * test_operator.WAIT_SECONDS,
     )

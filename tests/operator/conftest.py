@@ -180,6 +180,20 @@ def current(cluster: kmock.KubernetesEmulator, resource: str, name: str) -> dict
     return copy.deepcopy(cluster.objects[key].raw)
 
 
+def driver(cluster: kmock.KubernetesEmulator, job: str = "wc") -> dict | None:
+    """The job's newest driver pod that exists now, found by its labels (the operator names
+    each attempt's pod `<job>-driver-<n>`: the highest n)."""
+    pods = [
+        obj.raw
+        for (resource, namespace, _), obj in cluster.objects.items()
+        if resource == kmock.resource(PODS) and namespace == NS and not obj.deleted
+    ]
+    labels = {"dstream.dev/job": job, "dstream.dev/role": "driver"}
+    ours = [p for p in pods if labels.items() <= (p["metadata"].get("labels") or {}).items()]
+    newest = max(ours, key=lambda p: int(p["metadata"]["name"].rsplit("-", 1)[1]), default=None)
+    return copy.deepcopy(newest)
+
+
 def events(cluster: kmock.KubernetesEmulator) -> list[tuple[str, str, str]]:
     """(type, reason, message) of every Event posted so far."""
     return [

@@ -7,7 +7,16 @@ import pytest
 import pytest_asyncio
 from prometheus_client import REGISTRY
 
-from tests.operator.conftest import JOBS, PODS, current, events, job_manifest, path, wait_for
+from tests.operator.conftest import (
+    JOBS,
+    PODS,
+    current,
+    driver,
+    events,
+    job_manifest,
+    path,
+    wait_for,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -19,6 +28,12 @@ def status_of(cluster, name="wc") -> dict:
 async def create(cluster, body) -> None:
     response = await cluster.post(path(JOBS), json=body)
     assert response.status == 200, await response.text()
+
+
+async def set_driver_status(cluster, phase, ready=False, terminated=None) -> None:
+    """On the job's newest driver pod (see `driver`)."""
+    name = driver(cluster)["metadata"]["name"]
+    await set_pod_status(cluster, name, phase, ready, terminated)
 
 
 async def set_pod_status(cluster, name, phase, ready=False, terminated=None) -> None:
@@ -38,7 +53,7 @@ async def set_pod_status(cluster, name, phase, ready=False, terminated=None) -> 
 
 async def test_create_sets_up_children_and_driver(operator):
     await create(operator, job_manifest())
-    pod = await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    pod = await wait_for(lambda: driver(operator))
     # the rest of the children follow the pod, before the step writes the status
     status = await wait_for(lambda: status_of(operator).get("driverPod") and status_of(operator))
     for resource, name in [
@@ -46,7 +61,7 @@ async def test_create_sets_up_children_and_driver(operator):
         ("v1/services", "wc-driver"),
         ("policy/v1/poddisruptionbudgets", "wc-driver"),
         ("policy/v1/poddisruptionbudgets", "wc-executor"),
-        (PODS, "wc-driver"),
+        (PODS, "wc-driver-1"),  # the first attempt's
     ]:
         child = current(operator, resource, name)
         assert child is not None, (resource, name)
@@ -58,7 +73,7 @@ async def test_create_sets_up_children_and_driver(operator):
         assert not current(operator, resource, "dstream-driver")["metadata"].get("ownerReferences")
     assert status["phase"] == "Pending"  # not scheduled yet
     assert status["executors"] == {"ready": 0, "desired": 2}
-    assert status["observedGeneration"] == 1
+    assert status["observedGeneration"] == 1 and status["driverAttempts"] == 1
     assert not current(operator, JOBS, "wc")["metadata"].get("finalizers")
     await wait_for(lambda: {"SetUp", "DriverCreated"} <= {r for _, r, _ in events(operator)})
 
@@ -88,7 +103,7 @@ async def test_jobs_of_a_namespace_share_one_driver_identity(operator):
     for name in names:
         await create(operator, job_manifest(name))
     for name in names:
-        pod = await wait_for(lambda name=name: current(operator, PODS, f"{name}-driver"))
+        pod = await wait_for(lambda name=name: driver(operator, name))
         assert pod["spec"]["serviceAccountName"] == "dstream-driver"
     assert {resource: writes(operator, resource) for resource in IDENTITY} == dict.fromkeys(
         IDENTITY, 1
@@ -101,7 +116,7 @@ async def test_jobs_of_a_namespace_share_one_driver_identity(operator):
 
 async def test_a_users_account_gets_a_binding_of_its_own(operator):
     await create(operator, job_manifest(driver={"serviceAccountName": "analytics"}))
-    pod = await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    pod = await wait_for(lambda: driver(operator))
     assert pod["spec"]["serviceAccountName"] == "analytics"
     bindings = "rbac.authorization.k8s.io/v1/rolebindings"
     binding = await wait_for(lambda: current(operator, bindings, "wc-driver-account"))
@@ -117,10 +132,10 @@ async def test_deleting_a_job_deletes_its_driver_pod_at_once(operator):
     """Not left to the garbage collector, which kmock, like a busy controller-manager, does
     not run."""
     await create(operator, job_manifest())
-    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await wait_for(lambda: driver(operator))
     await wait_for(lambda: status_of(operator).get("driverPod"))
     await operator.delete(path(JOBS, "wc"))
-    await wait_for(lambda: current(operator, PODS, "wc-driver") is None)
+    await wait_for(lambda: driver(operator) is None)
     assert current(operator, "v1/configmaps", "wc-job") is not None  # the collector's
 
 
@@ -135,8 +150,8 @@ async def test_running_driver_reports_batches(operator, driver_api):
     driver_api["rateLimit"] = {"rate": 1500.0}
     driver_api["backlog"] = {"rate": 4200}
     await create(operator, job_manifest())
-    await wait_for(lambda: current(operator, PODS, "wc-driver"))
-    await set_pod_status(operator, "wc-driver", "Running", ready=True)
+    await wait_for(lambda: driver(operator))
+    await set_driver_status(operator, "Running", ready=True)
     status = await wait_for(
         lambda: status_of(operator).get("phase") == "Running" and status_of(operator)
     )
@@ -154,7 +169,7 @@ async def test_running_driver_reports_batches(operator, driver_api):
 def replacement_driver(cluster) -> dict | None:
     """The driver pod once a new one replaced the Failed one: the operator may delete and
     recreate it between two polls, so the gap without a pod is not waited for."""
-    pod = current(cluster, PODS, "wc-driver")
+    pod = driver(cluster)
     return pod if pod and (pod.get("status") or {}).get("phase") != "Failed" else None
 
 
@@ -166,17 +181,13 @@ def restarts_metric() -> float:
 async def test_failed_driver_is_replaced_with_backoff_then_job_fails(operator):
     restarts_before = restarts_metric()
     await create(operator, job_manifest())
-    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await wait_for(lambda: driver(operator))
     for attempt in (1, 2):
-        await set_pod_status(
-            operator, "wc-driver", "Failed", terminated={"exitCode": 1, "reason": "Error"}
-        )
+        await set_driver_status(operator, "Failed", terminated={"exitCode": 1, "reason": "Error"})
         await wait_for(lambda n=attempt: status_of(operator).get("restarts") == n)
         assert status_of(operator)["phase"] == "Recovering"
         await wait_for(lambda: replacement_driver(operator))  # after the backoff
-    await set_pod_status(
-        operator, "wc-driver", "Failed", terminated={"exitCode": 1, "reason": "Error"}
-    )
+    await set_driver_status(operator, "Failed", terminated={"exitCode": 1, "reason": "Error"})
     status = await wait_for(
         lambda: status_of(operator).get("phase") == "Failed" and status_of(operator)
     )
@@ -195,18 +206,20 @@ async def test_failed_driver_is_replaced_with_backoff_then_job_fails(operator):
 
 async def test_deleted_driver_is_replaced_and_counted(operator):
     await create(operator, job_manifest())
-    await wait_for(lambda: current(operator, PODS, "wc-driver"))
-    await operator.delete(path(PODS, "wc-driver"))
+    await wait_for(lambda: driver(operator))
+    await operator.delete(path(PODS, "wc-driver-1"))
     await wait_for(lambda: status_of(operator).get("restarts") == 1)
     (lost,) = [m for _, reason, m in events(operator) if reason == "DriverLost"]
     assert "was deleted" in lost and "restart 1/2 now" in lost  # the first restart: at once
-    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    replacement = await wait_for(lambda: driver(operator))
+    assert replacement["metadata"]["name"] == "wc-driver-2"  # the second attempt's
+    await wait_for(lambda: status_of(operator).get("driverAttempts") == 2)
 
 
 async def test_never_policy_fails_at_once(operator):
     await create(operator, job_manifest(restartPolicy={"type": "Never"}))
-    await wait_for(lambda: current(operator, PODS, "wc-driver"))
-    await set_pod_status(operator, "wc-driver", "Failed", terminated={"exitCode": 3})
+    await wait_for(lambda: driver(operator))
+    await set_driver_status(operator, "Failed", terminated={"exitCode": 3})
     status = await wait_for(
         lambda: status_of(operator).get("phase") == "Failed" and status_of(operator)
     )
@@ -215,12 +228,12 @@ async def test_never_policy_fails_at_once(operator):
 
 async def test_suspend_stops_driver_and_resume_starts_it(operator):
     await create(operator, job_manifest())
-    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await wait_for(lambda: driver(operator))
     await operator.patch(
         path(JOBS, "wc"), json={"spec": {"suspend": True}, "metadata": {"generation": 2}}
     )
-    await wait_for(lambda: current(operator, PODS, "wc-driver") is None)
-    stopped = operator.objects[PODS, "jobs", "wc-driver", -2]
+    await wait_for(lambda: driver(operator) is None)
+    stopped = operator.objects[PODS, "jobs", "wc-driver-1", -2]
     assert stopped["metadata"]["annotations"]["dstream.dev/stop-reason"] == "suspend"
     status = await wait_for(
         lambda: status_of(operator).get("phase") == "Suspended" and status_of(operator)
@@ -229,24 +242,22 @@ async def test_suspend_stops_driver_and_resume_starts_it(operator):
     await operator.patch(
         path(JOBS, "wc"), json={"spec": {"suspend": False}, "metadata": {"generation": 3}}
     )
-    await wait_for(lambda: current(operator, PODS, "wc-driver"))
-    await set_pod_status(operator, "wc-driver", "Running", ready=False)
+    await wait_for(lambda: driver(operator))
+    await set_driver_status(operator, "Running", ready=False)
     await wait_for(lambda: status_of(operator).get("phase") == "Starting")
     assert status_of(operator)["restarts"] == 0
 
 
 async def test_spec_change_restarts_driver_only_when_needed(operator):
     await create(operator, job_manifest())
-    first = await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    first = await wait_for(lambda: driver(operator))
     await operator.patch(path(JOBS, "wc"), json={"spec": {"restartPolicy": {"maxRestarts": 5}}})
     await wait_for(lambda: any("without restarting" in m for _, _, m in events(operator)))
-    assert current(operator, PODS, "wc-driver")["metadata"] == first["metadata"]
+    assert driver(operator)["metadata"] == first["metadata"]
 
     services = writes(operator, "v1/services")
     await operator.patch(path(JOBS, "wc"), json={"spec": {"executor": {"instances": 3}}})
-    await wait_for(
-        lambda: "spark.executor.instances=3" in str(current(operator, PODS, "wc-driver"))
-    )
+    await wait_for(lambda: "spark.executor.instances=3" in str(driver(operator)))
     assert writes(operator, "v1/services") == services  # only the children that changed
     assert "instances: 3" in current(operator, "v1/configmaps", "wc-job")["data"]["job.yaml"]
     budget = current(operator, "policy/v1/poddisruptionbudgets", "wc-executor")
@@ -266,7 +277,7 @@ async def test_invalid_spec_fails_the_job(operator):
         lambda: status_of(operator).get("phase") == "Failed" and status_of(operator)
     )
     assert "exactly one of builtin or module" in status["message"]
-    assert current(operator, PODS, "wc-driver") is None
+    assert driver(operator) is None
 
 
 async def test_checkpoint_deletion_uses_a_finalizer_and_a_cleanup_pod(operator):
@@ -283,11 +294,11 @@ async def test_checkpoint_deletion_uses_a_finalizer_and_a_cleanup_pod(operator):
             ],
         ),
     )
-    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await wait_for(lambda: driver(operator))
     await wait_for(lambda: current(operator, JOBS, "wc")["metadata"].get("finalizers"))
     await operator.delete(path(JOBS, "wc"))
     cleanup = await wait_for(lambda: current(operator, PODS, "wc-checkpoint-cleanup"))
-    assert current(operator, PODS, "wc-driver") is None
+    assert driver(operator) is None
     assert cleanup["spec"]["containers"][0]["command"] == ["rm", "-rf", "--", "/data/ckpt/wc"]
     await set_pod_status(operator, "wc-checkpoint-cleanup", "Succeeded")
     await wait_for(lambda: current(operator, JOBS, "wc") is None)
@@ -308,11 +319,11 @@ async def test_pods_are_filtered_by_label_on_the_api_server(operator):
 async def test_a_stable_run_resets_the_restart_count(operator):
     policy = {"type": "Always", "maxRestarts": 2, "backoffSeconds": 1, "resetAfterSeconds": 1}
     await create(operator, job_manifest(restartPolicy=policy))
-    await wait_for(lambda: current(operator, PODS, "wc-driver"))
-    await set_pod_status(operator, "wc-driver", "Failed", terminated={"exitCode": 1})
+    await wait_for(lambda: driver(operator))
+    await set_driver_status(operator, "Failed", terminated={"exitCode": 1})
     await wait_for(lambda: status_of(operator).get("restarts") == 1)
     await wait_for(lambda: replacement_driver(operator))
-    await set_pod_status(operator, "wc-driver", "Running", ready=True)
+    await set_driver_status(operator, "Running", ready=True)
     await wait_for(lambda: status_of(operator).get("restarts") == 0)
     ready = next(c for c in status_of(operator)["conditions"] if c["type"] == "DriverReady")
     assert ready["status"] == "True"
@@ -326,7 +337,7 @@ def spec_hash_of(pod: dict | None) -> str | None:
 
 def fresh_driver(cluster, spec_hash, same: bool):
     """The driver pod if it runs (or would run) a spec of that hash, or of another one."""
-    pod = current(cluster, PODS, "wc-driver")
+    pod = driver(cluster)
     phase = ((pod or {}).get("status") or {}).get("phase")
     return pod if pod and phase != "Failed" and (spec_hash_of(pod) == spec_hash) == same else None
 
@@ -337,16 +348,16 @@ async def test_a_changed_spec_that_never_commits_is_rolled_back(operator, driver
     driver runs the first spec again, from the same ConfigMap and checkpoint."""
     driver_api["lastBatch"] = {"time": "2026-01-02T03:04:05+00:00", "records": 100}
     await create(operator, job_manifest())
-    await wait_for(lambda: current(operator, PODS, "wc-driver"))
-    await set_pod_status(operator, "wc-driver", "Running", ready=True)
+    await wait_for(lambda: driver(operator))
+    await set_driver_status(operator, "Running", ready=True)
     stable = await wait_for(lambda: status_of(operator).get("stableSpecHash"))
-    assert spec_hash_of(current(operator, PODS, "wc-driver")) == stable
+    assert spec_hash_of(driver(operator)) == stable
 
     driver_api["lastBatch"] = None  # the new spec's drivers never get that far
     await operator.patch(path(JOBS, "wc"), json={"spec": {"batchInterval": "2s"}})
     for failures in (1, 2):
         await wait_for(lambda: fresh_driver(operator, stable, same=False))
-        await set_pod_status(operator, "wc-driver", "Failed", terminated={"exitCode": 1})
+        await set_driver_status(operator, "Failed", terminated={"exitCode": 1})
         if failures == 1:
             await wait_for(lambda: status_of(operator).get("upgradeFailures") == 1)
     status = await wait_for(
@@ -358,7 +369,7 @@ async def test_a_changed_spec_that_never_commits_is_rolled_back(operator, driver
     await wait_for(lambda: fresh_driver(operator, stable, same=True))
     assert "batchInterval: 1s" in current(operator, "v1/configmaps", "wc-job")["data"]["job.yaml"]
     assert current(operator, JOBS, "wc")["spec"]["batchInterval"] == "2s"  # the user's, kept
-    await set_pod_status(operator, "wc-driver", "Running", ready=True)
+    await set_driver_status(operator, "Running", ready=True)
     running = await wait_for(
         lambda: status_of(operator).get("phase") == "Running" and status_of(operator)
     )
@@ -384,7 +395,7 @@ async def test_a_change_made_while_no_operator_ran_is_found_by_generation(
 ):
     """kopf's diff base is in memory: a starting operator finds the change by the status's
     observedGeneration, and a Failed job starts again."""
-    await wait_for(lambda: current(operator, PODS, "wc-driver"))
+    await wait_for(lambda: driver(operator))
     status = await wait_for(
         lambda: status_of(operator).get("phase") not in (None, "Failed") and status_of(operator)
     )

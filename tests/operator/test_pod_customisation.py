@@ -83,7 +83,7 @@ def test_merge_keeps_the_generated_value_and_names_what_it_overrode():
 
 def test_first_class_fields_place_and_secure_the_driver():
     spec_job = job(driver={"cores": 1, **PLACEMENT})
-    pod = resources.driver_pod(spec_job, OWNER, "service")
+    pod = resources.driver_pod(spec_job, OWNER)
     spec = pod["spec"]
     assert spec["serviceAccountName"] == "analytics"
     assert spec["nodeSelector"] == {"pool": "streaming"}
@@ -102,7 +102,7 @@ def test_first_class_fields_place_and_secure_the_driver():
     assert "POD_IP" in env
     assert driver["envFrom"] == [{"configMapRef": {"name": "tuning"}}]
     assert driver["resources"]["limits"] == {"cpu": "1500m", "memory": "1434Mi"}
-    assert resources.template_overrides(spec_job, OWNER, "service") == [
+    assert resources.template_overrides(spec_job, OWNER) == [
         "driver pod metadata.labels.dstream.dev/job"
     ]
     kubernetes_validate.validate(pod, "1.30", strict=True)
@@ -118,11 +118,11 @@ def test_a_users_service_account_gets_the_drivers_role():
 
 def test_the_driver_template_adds_sidecars_and_cannot_change_what_the_operator_owns():
     spec_job = job(driver={"nodeSelector": {"pool": "streaming"}, "podTemplate": TEMPLATE})
-    pod = resources.driver_pod(spec_job, OWNER, "service")
+    pod = resources.driver_pod(spec_job, OWNER)
     assert list(containers(pod)) == ["driver", "log-shipper"]
     assert containers(pod)["log-shipper"] == SIDECAR
     driver = containers(pod)["driver"]
-    generated = resources.driver_pod(job(), OWNER, "service")["spec"]["containers"][0]
+    generated = resources.driver_pod(job(), OWNER)["spec"]["containers"][0]
     assert driver["command"] == generated["command"] != ["sh"]
     assert driver["workingDir"] == "/work"
     assert pod["spec"]["initContainers"][0]["name"] == "wait"
@@ -130,7 +130,7 @@ def test_the_driver_template_adds_sidecars_and_cannot_change_what_the_operator_o
     assert pod["spec"]["nodeSelector"] == {"pool": "streaming", "disk": "ssd"}
     assert {v["name"] for v in pod["spec"]["volumes"]} == {"dstream-job", "dstream-tmp", "logs"}
     assert pod["metadata"]["labels"]["sidecar"] == "yes"
-    assert resources.template_overrides(spec_job, OWNER, "service") == [
+    assert resources.template_overrides(spec_job, OWNER) == [
         "driver pod spec.nodeSelector.pool",
         "driver pod spec.restartPolicy",
         "driver pod spec.containers[driver].command",
@@ -157,7 +157,7 @@ def test_executors_get_a_spark_pod_template_from_the_jobs_config_map():
     kubernetes_validate.validate(
         {**template, "metadata": {"name": "x", **template["metadata"]}}, "1.30", strict=False
     )
-    conf = conf_of(resources.driver_pod(spec_job, OWNER, "service"))
+    conf = conf_of(resources.driver_pod(spec_job, OWNER))
     assert conf["spark.kubernetes.executor.podTemplateFile"] == (
         "/etc/dstream/executor-pod-template.yaml"
     )
@@ -170,17 +170,17 @@ def test_a_cpu_request_below_cores_reserves_less_for_either_role():
         driver={"cores": 1, "coresRequest": "250m", "standby": True},
         executor={"coresRequest": "100m"},
     )
-    for name in resources.driver_pod_names(spec_job, OWNER):
-        pod = resources.driver_pod(spec_job, OWNER, "service", pod=name)
+    for attempt in (1, 2):
+        pod = resources.driver_pod(spec_job, OWNER, pod=resources.driver_name("wc", attempt))
         assert containers(pod)["driver"]["resources"]["requests"]["cpu"] == "250m"
         conf = conf_of(pod)
         assert conf["spark.driver.cores"] == "1"  # what Spark plans with is unchanged
         assert conf["spark.kubernetes.executor.request.cores"] == "100m"
     assert resources.executor_pod_template(spec_job) is None  # Spark's conf carries it
-    default = containers(resources.driver_pod(job(), OWNER, "service"))["driver"]
+    default = containers(resources.driver_pod(job(), OWNER))["driver"]
     assert default["resources"]["requests"]["cpu"] == "1"
     assert "spark.kubernetes.executor.request.cores" not in conf_of(
-        resources.driver_pod(job(), OWNER, "service")
+        resources.driver_pod(job(), OWNER)
     )
 
 
@@ -188,7 +188,7 @@ def test_executors_without_customisation_get_no_template():
     assert resources.executor_pod_template(job()) is None
     assert list(resources.config_map(job(), OWNER)["data"]) == ["job.yaml"]
     assert "spark.kubernetes.executor.podTemplateFile" not in conf_of(
-        resources.driver_pod(job(), OWNER, "service")
+        resources.driver_pod(job(), OWNER)
     )
 
 
@@ -233,7 +233,7 @@ def test_a_driver_created_over_a_template_warns_what_was_ignored():
         report=None,
         spec_hash=resources.spec_hash(spec_job),
         now=datetime(2026, 1, 1, tzinfo=UTC),
-        template_overrides=tuple(resources.template_overrides(spec_job, OWNER, "service")),
+        template_overrides=tuple(resources.template_overrides(spec_job, OWNER)),
     )
     step = plan(seen)
     assert step.create_driver
@@ -247,7 +247,7 @@ def test_the_pod_templates_example_places_both_roles_and_adds_a_sidecar():
 
     example = load_job(Path(__file__).resolve().parents[2] / "examples" / "pod-templates.yaml")
     owner = resources.Owner(example.metadata.name, "analytics", "uid-1")
-    pod = resources.driver_pod(example, owner, "service")
+    pod = resources.driver_pod(example, owner)
     assert [c["name"] for c in pod["spec"]["containers"]] == ["driver", "log-shipper"]
     assert pod["spec"]["nodeSelector"] == {"pool": "streaming"}
     assert pod["spec"]["serviceAccountName"] == "wordcount-reader"
@@ -255,7 +255,7 @@ def test_the_pod_templates_example_places_both_roles_and_adds_a_sidecar():
     template = resources.executor_pod_template(example)
     assert "podAntiAffinity" in template["spec"]["affinity"]
     assert template["spec"]["priorityClassName"] == "streaming-high"
-    assert resources.template_overrides(example, owner, "service") == []
+    assert resources.template_overrides(example, owner) == []
 
 
 def test_spark_reads_the_executor_template_and_takes_the_executor_container(sc, tmp_path):

@@ -87,9 +87,9 @@ def test_service_is_headless_with_spark_api_and_ui_ports():
     assert spec["clusterIP"] == "None"
     assert spec["publishNotReadyAddresses"] is True
     assert {p["port"] for p in spec["ports"]} == {7078, 7079, 8000, 4040}
-    ports = resources.driver_pod(job(), OWNER, "service")["spec"]["containers"][0]["ports"]
+    ports = resources.driver_pod(job(), OWNER)["spec"]["containers"][0]["ports"]
     assert {"name": "http-spark-ui", "containerPort": 4040} in ports
-    assert conf_of(resources.driver_pod(job(), OWNER, "service"))["spark.ui.port"] == "4040"
+    assert conf_of(resources.driver_pod(job(), OWNER))["spark.ui.port"] == "4040"
     assert spec["selector"] == {"dstream.dev/job": "wc", "dstream.dev/role": "driver"}
 
 
@@ -100,15 +100,19 @@ def test_config_map_holds_a_manifest_the_driver_can_load():
 
 
 def test_driver_pod_runs_the_driver_cli_contract():
-    pod = resources.driver_pod(job(), OWNER, "service")
+    pod = resources.driver_pod(job(), OWNER)
     container = pod["spec"]["containers"][0]
+    assert pod["metadata"]["name"] == "wc-driver-1"  # the first attempt's
     assert container["command"] == ["python", "-m", "dstream.service.driver"]
-    assert container["args"][:5] == [
+    assert container["args"][:8] == [
         "/etc/dstream/job.yaml",
         "--port",
         "8000",
         "--master",
         "k8s://https://kubernetes.default.svc",
+        "--host",
+        "0.0.0.0",
+        "--standby",  # waits for its checkpoint's lead: a lost driver may still be stopping
     ]
     assert pod["spec"]["restartPolicy"] == "Never"
     assert pod["spec"].get("automountServiceAccountToken", True)  # the API's token
@@ -127,7 +131,7 @@ def test_pods_name_their_non_root_user():
     fails with CreateContainerConfigError (seen on a real kubelet): the uid is explicit."""
     owner_job = job(volumes=[{"name": "ck", "mountPath": "/ck", "hostPath": {"path": "/srv"}}])
     pods = [
-        resources.driver_pod(owner_job, OWNER, "service"),
+        resources.driver_pod(owner_job, OWNER),
         resources.cleanup_pod(owner_job, OWNER, "/ck/wc"),
     ]
     for pod in pods:
@@ -145,21 +149,21 @@ def test_the_driver_api_is_read_at_the_service_name_or_the_pod_ip():
 
 
 def test_the_drivers_api_server_is_configurable():
-    pod = resources.driver_pod(job(), OWNER, "pod-ip", "https://10.244.0.1:6443")
+    pod = resources.driver_pod(job(), OWNER, "https://10.244.0.1:6443")
     args = pod["spec"]["containers"][0]["args"]
     assert args[args.index("--master") + 1] == "k8s://https://10.244.0.1:6443"
 
 
 def test_spark_is_configured_for_kubernetes_client_mode():
-    conf = conf_of(resources.driver_pod(job(executor={"instances": 3}), OWNER, "service"))
+    conf = conf_of(resources.driver_pod(job(executor={"instances": 3}), OWNER))
     assert conf["spark.submit.deployMode"] == "client"
-    assert conf["spark.driver.host"] == "wc-driver.jobs.svc"
+    assert conf["spark.driver.host"] == "$(POD_IP)"  # not the Service: see the next test
     assert conf["spark.driver.port"] == "7078"
     assert conf["spark.blockManager.port"] == "7079"
     assert conf["spark.kubernetes.namespace"] == "jobs"
     assert conf["spark.kubernetes.container.image"] == "dstream:latest"
-    assert conf["spark.kubernetes.driver.pod.name"] == "wc-driver"
-    assert conf["spark.kubernetes.executor.podNamePrefix"] == "wc"
+    assert conf["spark.kubernetes.driver.pod.name"] == "wc-driver-1"
+    assert conf["spark.kubernetes.executor.podNamePrefix"] == "wc-driver-1"
     assert conf["spark.kubernetes.executor.label.dstream.dev/job"] == "wc"
     assert conf["spark.executor.instances"] == "3"
     assert conf["spark.executor.memory"] == "1g"
@@ -167,10 +171,14 @@ def test_spark_is_configured_for_kubernetes_client_mode():
     assert conf["spark.speculation.multiplier"] == "1.4"
 
 
-def test_driver_host_can_be_the_pod_ip():
-    pod = resources.driver_pod(job(), OWNER, "pod-ip")
-    assert conf_of(pod)["spark.driver.host"] == "$(POD_IP)"
-    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+def test_executors_reach_their_own_driver_at_its_pod_ip():
+    """The Service may hold two drivers at once (a lost one still stopping beside its
+    replacement): each driver's executors are named after it and reach it at its pod IP."""
+    pods = [resources.driver_pod(job(), OWNER, pod=f"wc-driver-{n}") for n in (1, 2)]
+    assert [conf_of(p)["spark.driver.host"] for p in pods] == ["$(POD_IP)"] * 2
+    prefixes = [conf_of(p)["spark.kubernetes.executor.podNamePrefix"] for p in pods]
+    assert prefixes == ["wc-driver-1", "wc-driver-2"]
+    env = {e["name"]: e for e in pods[0]["spec"]["containers"][0]["env"]}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
 
 
@@ -178,7 +186,6 @@ def test_user_spark_conf_comes_last_and_wins():
     conf = resources.spark_conf(
         job(sparkConf={"spark.executor.memory": "3g", "spark.ui.enabled": "false"}),
         OWNER,
-        "service",
     )
     assert conf["spark.executor.memory"] == "3g"
     assert list(conf)[-1] == "spark.ui.enabled"
@@ -191,7 +198,7 @@ def test_volumes_reach_driver_and_executors():
             {"name": "in", "mountPath": "/in", "hostPath": {"path": "/srv/in"}},
         ]
     )
-    pod = resources.driver_pod(spec_job, OWNER, "service")
+    pod = resources.driver_pod(spec_job, OWNER)
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["ckpt"]["persistentVolumeClaim"]["claimName"] == "c"
     assert volumes["in"]["hostPath"]["path"] == "/srv/in"
@@ -258,7 +265,7 @@ def test_every_object_is_valid_kubernetes():
     full = job(checkpoint={"path": "/data/ckpt"}, volumes=volumes, sparkConf={"a": "b"})
     objects = [
         *resources.children(full, OWNER, Platform()),
-        resources.driver_pod(full, OWNER, "service"),
+        resources.driver_pod(full, OWNER),
         resources.cleanup_pod(full, OWNER, "/data/ckpt"),
         resources.event(OWNER, "Normal", "DriverCreated", "ok", datetime(2026, 1, 1, tzinfo=UTC)),
     ]
@@ -273,7 +280,7 @@ def test_driver_command_passes_the_drivers_own_checks(tmp_path, monkeypatch):
     from dstream.service.cli import add_run_arguments
     from dstream_api.auth import refuse_open_to_network
 
-    container = resources.driver_pod(job(), OWNER, "service")["spec"]["containers"][0]
+    container = resources.driver_pod(job(), OWNER)["spec"]["containers"][0]
     parser = argparse.ArgumentParser()
     add_run_arguments(parser, default_master=None)
     args = parser.parse_args(container["args"])
@@ -300,7 +307,7 @@ def postgres_job():
 
 
 def test_a_connector_password_reaches_driver_and_executors_from_the_secret():
-    pod = resources.driver_pod(postgres_job(), OWNER, "service")
+    pod = resources.driver_pod(postgres_job(), OWNER)
     env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
     assert env["DSTREAM_POSTGRES_PASSWORD"] == {
         "name": "DSTREAM_POSTGRES_PASSWORD",
@@ -315,7 +322,7 @@ def test_a_connector_password_reaches_driver_and_executors_from_the_secret():
 
 
 def test_a_job_without_secrets_gets_no_secret_env():
-    pod = resources.driver_pod(job(), OWNER, "service")
+    pod = resources.driver_pod(job(), OWNER)
     env = pod["spec"]["containers"][0]["env"]
     assert not [e for e in env if "secretKeyRef" in e.get("valueFrom", {})]
     assert not [k for k in conf_of(pod) if "secretKeyRef" in k]

@@ -19,7 +19,7 @@ from tests.operator.test_status_and_restarts import NOW
 from tests.operator.test_status_and_restarts import seen as seen_one
 
 OWNER = Owner("wc", "jobs", "uid-wc")
-FIRST, SECOND = "wc-driver", "wc-driver-2"
+FIRST, SECOND = "wc-driver-1", "wc-driver-2"  # the first two attempts
 
 
 def job(standby: bool = True, **spec):
@@ -70,20 +70,21 @@ def seen(spec_job=None, **kw) -> reconcile.Observation:
 
 def test_two_driver_pods_each_with_its_own_name_executors_and_the_jobs_lease():
     spec_job = job()
-    assert resources.driver_pod_names(spec_job, OWNER) == (FIRST, SECOND)
-    assert resources.driver_pod_names(job(standby=False), OWNER) == (FIRST,)
-    pods = [resources.driver_pod(spec_job, OWNER, "service", pod=n) for n in (FIRST, SECOND)]
+    assert resources.driver_pod_count(spec_job) == 2
+    assert resources.driver_pod_count(job(standby=False)) == 1
+    assert [resources.driver_name("wc", n) for n in (1, 2)] == [FIRST, SECOND]
+    pods = [resources.driver_pod(spec_job, OWNER, pod=n) for n in (FIRST, SECOND)]
     assert [p["metadata"]["name"] for p in pods] == [FIRST, SECOND]
     confs = [conf_of(p) for p in pods]
     assert [c["spark.kubernetes.driver.pod.name"] for c in confs] == [FIRST, SECOND]
     prefixes = [c["spark.kubernetes.executor.podNamePrefix"] for c in confs]
-    assert prefixes == ["wc", SECOND]  # the two drivers' executors run side by side
+    assert prefixes == [FIRST, SECOND]  # the two drivers' executors run side by side
     assert {c[KUBE_LEASE_KEY] for c in confs} == {"jobs/wc-driver"}  # the driver's own key
     assert {c["spark.driver.host"] for c in confs} == {"$(POD_IP)"}  # not the leader's Service
     assert all("--standby" in p["spec"]["containers"][0]["args"] for p in pods)
-    single = resources.driver_pod(job(standby=False), OWNER, "service")
-    assert "--standby" not in single["spec"]["containers"][0]["args"]
-    assert KUBE_LEASE_KEY not in conf_of(single)
+    single = resources.driver_pod(job(standby=False), OWNER)
+    assert "--standby" in single["spec"]["containers"][0]["args"]  # waits for the lead too
+    assert KUBE_LEASE_KEY not in conf_of(single)  # by the checkpoint's lock and lease
 
 
 def test_the_standby_changes_the_drivers_spec_hash():
@@ -92,9 +93,14 @@ def test_the_standby_changes_the_drivers_spec_hash():
 
 
 def test_executors_are_counted_per_driver_pod():
-    executors = {"wc-exec-1": True, "wc-exec-2": False, "wc-driver-2-exec-1": True}
-    assert resources.executors_of("wc", FIRST, executors) == {"wc-exec-1": True, "wc-exec-2": False}
-    assert resources.executors_of("wc", SECOND, executors) == {"wc-driver-2-exec-1": True}
+    executors = {
+        "wc-driver-1-exec-1": True,
+        "wc-driver-1-exec-2": False,
+        "wc-driver-2-exec-1": True,
+    }
+    first = {"wc-driver-1-exec-1": True, "wc-driver-1-exec-2": False}
+    assert resources.executors_of(FIRST, executors) == first
+    assert resources.executors_of(SECOND, executors) == {"wc-driver-2-exec-1": True}
 
 
 @pytest.mark.parametrize("policy_version", resources.POLICY_VERSIONS)
@@ -134,12 +140,14 @@ def test_a_killed_leader_is_replaced_at_once_without_counting_a_restart():
     step = reconcile.plan(seen(driver=killed, second=pod(SECOND, ready=True), leader=SECOND))
     assert step.ended_pods == [FIRST] and step.stop_driver is None
     assert not step.restarted and step.status.restarts == 0
-    assert not step.create_driver  # its name is free once the old pod is gone
+    assert not step.create_driver  # once it is marked: the next step
     (event,) = step.events
     assert event.reason == "DriverLost" and f"{SECOND} leads; replacing {FIRST}" in event.message
-    gone = killed.__class__(**{**killed.__dict__, "stop_reason": reconcile.STOP_ENDED})
-    after = reconcile.plan(
-        seen(second=pod(SECOND, ready=True), vanished=gone, leader=SECOND, current=step.status)
+    marked = killed.__class__(
+        **{**killed.__dict__, "stop_reason": reconcile.STOP_ENDED, "deleting": True}
+    )
+    after = reconcile.plan(  # not waiting for the marked pod to go: the new one has its own name
+        seen(driver=pod(SECOND, ready=True), stopping=(marked,), leader=SECOND, current=step.status)
     )
     assert after.create_driver and not after.events and not after.restarted
     assert (after.status.driver.leader, after.status.driver.standby) == (SECOND, None)
@@ -225,7 +233,7 @@ def test_turning_the_standby_off_stops_the_pair_and_starts_one():
 
 def test_a_driver_pod_names_itself_in_the_lease_as_the_operator_reads_it(monkeypatch):
     """`<name>/<uid>`: a pod created again under a dead leader's name is not that leader."""
-    env = resources.driver_pod(job(), OWNER, "service")["spec"]["containers"][0]["env"]
+    env = resources.driver_pod(job(), OWNER)["spec"]["containers"][0]["env"]
     fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in env if "valueFrom" in e}
     assert (fields["POD_NAME"], fields["POD_UID"]) == ("metadata.name", "metadata.uid")
     monkeypatch.setenv("POD_NAME", FIRST)

@@ -171,8 +171,22 @@ def test_plan_restarts_a_lost_driver_at_once_the_first_time():
     assert step.stop_driver == reconcile.STOP_ENDED and step.restarted
     assert step.status.restarts == 1 and "restart 1/10 now" in step.status.message
     assert step.status.next_restart_time == NOW
-    assert not step.create_driver  # the pod name is free once the old pod is gone
+    assert not step.create_driver  # without a checkpoint: once the old pod is gone
     assert reconcile.plan(seen(current=step.status)).create_driver
+
+
+def test_a_lost_drivers_replacement_does_not_wait_for_the_old_pod_with_a_checkpoint():
+    """Each attempt's pod has a name of its own, and the checkpoint's epoch fences the old
+    driver: the replacement is created in the step that handles the loss, while the old pod
+    still stops. A driver stopped on purpose, or one without a checkpoint, is waited for."""
+    fenced = job(checkpoint={"path": "/ckpt/wc"})
+    step = reconcile.plan(seen(fenced, driver=facts(deleting=True)))
+    assert step.restarted and step.stop_driver == reconcile.STOP_ENDED and step.create_driver
+    ended = facts(deleting=True, stop_reason=reconcile.STOP_ENDED)
+    assert reconcile.plan(seen(fenced, stopping=(ended,), current=step.status)).create_driver
+    changed = facts(deleting=True, stop_reason=reconcile.STOP_SPEC_CHANGE)
+    assert not reconcile.plan(seen(fenced, stopping=(changed,))).create_driver
+    assert not reconcile.plan(seen(stopping=(ended,), current=step.status)).create_driver
 
 
 def test_plan_restarts_a_failed_driver_after_backoff():
@@ -221,13 +235,17 @@ def test_the_book_keeps_the_supervisors_mark_on_a_driver():
     key = ("jobs", "wc")
     book.see_job(key, {"metadata": {"name": "wc", "namespace": "jobs"}})
     book.see_driver(key, facts(), deleted=False)
-    book.jobs[key].driver = facts(stop_reason=reconcile.STOP_ENDED, deleting=True)  # as _act does
+    book.jobs[key].mark_stopped(facts(), reconcile.STOP_ENDED)  # as _act does
     book.see_driver(key, facts(phase="Failed"), deleted=False)  # an event from before the mark
-    assert book.jobs[key].driver.stop_reason == reconcile.STOP_ENDED
+    memory = book.jobs[key]
+    assert memory.drivers["wc-driver"].stop_reason == reconcile.STOP_ENDED
+    book.see_driver(key, facts(name="wc-driver-2", uid="p2"), deleted=False)  # the next one
+    view = memory.view("wc")
+    assert view.driver.uid == "p2" and view.driver.stop_reason is None and view.second is None
+    assert [p.uid for p in view.stopping] == ["p1"]  # the old one, on its way out
     book.see_driver(key, facts(phase="Failed"), deleted=True)
-    assert book.jobs[key].vanished.stop_reason == reconcile.STOP_ENDED
-    book.see_driver(key, facts(uid="p2"), deleted=False)  # the next driver starts unmarked
-    assert book.jobs[key].driver.stop_reason is None
+    assert [p.stop_reason for p in memory.vanished] == [reconcile.STOP_ENDED]
+    assert memory.view("wc").driver.uid == "p2" and not memory.view("wc").stopping
 
 
 def test_plan_leaves_the_driver_of_an_earlier_job_of_the_same_name_alone():
@@ -300,15 +318,13 @@ def test_supervisor_wakes_when_a_backoff_ends_before_the_next_tick():
 def test_a_stop_is_remembered_on_a_pod_that_vanished_meanwhile():
     """A force-deleted driver can be gone (a DELETED event) while the supervisor is still
     marking it: the mark lands on the vanished pod, whose end is then not counted twice."""
-    memory = JobMemory(driver=facts(phase="Failed"))
-    ended = memory.driver
-    memory.driver, memory.vanished = None, ended  # the DELETED event, during the await
+    ended = facts(phase="Failed")
+    memory = JobMemory(vanished=[ended])  # the DELETED event came during the await
     memory.mark_stopped(ended, reconcile.STOP_ENDED)
-    assert memory.driver is None and memory.vanished.stop_reason == reconcile.STOP_ENDED
-    memory.vanished = None
-    memory.driver = facts(uid="p2")  # the next driver is not marked
+    assert not memory.drivers and memory.vanished[0].stop_reason == reconcile.STOP_ENDED
+    memory = JobMemory(drivers={"wc-driver": facts(uid="p2")})  # a successor of the same name
     memory.mark_stopped(ended, reconcile.STOP_ENDED)
-    assert memory.driver.stop_reason is None
+    assert memory.drivers["wc-driver"].stop_reason is None
 
 
 def test_the_restart_count_resets_after_a_stable_run():
