@@ -330,7 +330,10 @@ def commit_a_batch(k8s: Harness, job: str) -> dict[str, Any]:
     within seconds, so the pod is given the driver API's IP again until then."""
     with DriverApi() as api:
         for _attempt in range(10):
-            k8s.patch_pod_status(f"{job}-driver", {"podIP": api.host, "podIPs": [{"ip": api.host}]})
+            driver = k8s.driver(job)
+            assert driver is not None, f"{job}: no driver pod"
+            ip = {"podIP": api.host, "podIPs": [{"ip": api.host}]}
+            k8s.patch_pod_status(driver.metadata.name, ip)
             deadline = time.monotonic() + 3
             while time.monotonic() < deadline:
                 if (status := k8s.status(job)).get("stableSpecHash"):
