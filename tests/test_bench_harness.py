@@ -361,6 +361,19 @@ def test_a_partial_report_names_what_it_has_not_measured(tmp_path):
     assert "## Recovery (WordCount)\n" in text  # no daemon named when none ran
 
 
+def test_a_later_report_of_the_day_keeps_its_hand_written_notes(tmp_path):
+    """A diagnosis written under "## Notes" survives the next run's rewrite of the tables."""
+    rows = {"dstream/tuned": {"status": "confirmed", "rate": 90_000}}
+    first = one_table_report(tmp_path, "wordcount", rows)
+    assert "## Notes" not in first
+    path = tmp_path / "today.md"
+    path.write_text(first + "\n## Notes\n\nwhy the trigger was slow\n")
+    rows = {"dstream/tuned": {"status": "confirmed", "rate": 95_000}}
+    again = one_table_report(tmp_path, "wordcount", rows)
+    assert "| 95,000 |" in again and "| 90,000 |" not in again
+    assert again.endswith("\n## Notes\n\nwhy the trigger was slow\n")
+
+
 def test_a_merged_run_replaces_only_the_rows_it_measured(tmp_path):
     """`--merge`: the day's earlier rows stay, each row names the run that measured it."""
     from bench.report import load_report, write_report

@@ -15,6 +15,7 @@ Grep's lines are made in Python (`grep`) or in the JVM (`grep-jvm`) for every sy
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -409,13 +410,19 @@ class StructuredSystem(System):
         self.spark = SparkSession(sc)
         self.spark.conf.set("spark.sql.ansi.enabled", "false")  # feed.pool_index_column wraps
         self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))  # state partitions
-        self.pool = feed.pool_frame(self.spark, SEED, RECORD_BYTES).cache()
-        self.pool.count()
         self._progress: list[dict[str, Any]] = []
         self._emitted: dict[int, int] = {}  # interval k -> the micro-batch that output it
         self._appends = False  # whether outputs come OUTPUT_LAG micro-batches later
         self._rate = 0
         self._wall_clock = False
+
+    @functools.cached_property
+    def pool(self) -> Any:
+        """The line pool as a cached table, built by the first trial that joins it (a Kafka
+        trial reads its lines from the topic and never does)."""
+        pool = feed.pool_frame(self.spark, SEED, RECORD_BYTES).cache()
+        pool.count()
+        return pool
 
     def lines(self, rate: int, start_ms: int, wall_clock: bool, in_jvm: bool = True) -> Any:
         """The records as (line, timestamp) rows. Trials use `rate-micro-batch` (exactly one
