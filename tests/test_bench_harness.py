@@ -438,9 +438,11 @@ def test_recovery_table_states_the_run_length_and_a_recovery_not_seen():
 
 
 def test_profile_attributes_jobs_to_batches_by_either_engines_properties():
-    """dstream names a batch's jobs by job group, Spark Streaming by its batch-time property;
-    jobs of neither (a state sampler) belong to no batch; overlapping jobs count once."""
+    """dstream names a batch's jobs by job group, Spark Streaming by its batch-time property,
+    Structured Streaming by its micro-batch id (`triggers`); jobs of none (a state sampler)
+    belong to no batch; overlapping jobs count once; a trigger's row sums its jobs."""
     from bench.throughput.profile import covered_ms, jobs_by_batch
+    from bench.throughput.triggers import batch_id, operator_row, trigger_row
 
     def job(job_id: int, properties: dict[str, str], start: int, end: int, stage: int) -> list:
         return [
@@ -456,7 +458,7 @@ def test_profile_attributes_jobs_to_batches_by_either_engines_properties():
             {
                 "Event": "SparkListenerTaskEnd",
                 "Stage ID": stage,
-                "Task Metrics": {"Executor Run Time": 30},
+                "Task Metrics": {"Executor Run Time": 30, "Executor CPU Time": 20_000_000},
             },
             {"Event": "SparkListenerJobEnd", "Job ID": job_id, "Completion Time": end},
         ]
@@ -466,12 +468,31 @@ def test_profile_attributes_jobs_to_batches_by_either_engines_properties():
         + job(2, {"spark.jobGroup.id": "dstream-batch-5000"}, 300, 500, 2)
         + job(3, {"spark.streaming.internal.batchTime": "6000"}, 1000, 1200, 3)
         + job(4, {"spark.jobGroup.id": "dstream-state-sampler"}, 0, 50, 4)
+        + job(5, {"streaming.sql.batchId": "7"}, 2000, 2100, 5)
+        + job(6, {"streaming.sql.batchId": "7"}, 2100, 2150, 6)
     )
     grouped = jobs_by_batch(events)
     assert sorted(grouped) == [5000, 6000]
     assert [(j["stages"], j["tasks"], j["run_ms"]) for j in grouped[5000]] == [(1, 2, 30)] * 2
     assert covered_ms(grouped[5000]) == 400  # 100-500, the overlap counted once
     assert covered_ms(grouped[6000]) == 200
+    micro_batches = jobs_by_batch(events, batch_id)
+    assert sorted(micro_batches) == [7]
+    durations = {"triggerExecution": 900, "addBatch": 700, "walCommit": 40}
+    operator = {"numRowsUpdated": 113_000, "numRowsRemoved": 9_000, "allUpdatesTimeMs": 300}
+    operator |= {"allRemovalsTimeMs": 50, "commitTimeMs": 20}
+    operator |= {"customMetrics": {"rocksdbFilesCopied": 2}}
+    row = trigger_row({"durationMs": durations}, micro_batches[7])
+    assert (row["triggerExecution"], row["addBatch"], row["queryPlanning"]) == (900, 700, 0)
+    assert (row["jobs"], row["stages"], row["tasks"], row["task_cpu"]) == (2, 2, 4, 40)
+    assert operator_row(operator) == {
+        "updated": 113_000,
+        "removed": 9_000,
+        "update_ms": 300,
+        "remove_ms": 50,
+        "commit_ms": 20,
+        "files_copied": 2,
+    }
 
 
 def test_ceiling_runs_each_program_unchanged_on_one_partition():
