@@ -143,6 +143,19 @@ def runs_list(runs: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+NOTES = "## Notes"  # a results file's hand-written part, from this heading to its end
+
+
+def kept_notes(path: Path) -> str:
+    """The hand-written notes at the end of an earlier report of the day (a diagnosis measured
+    by a tool, not by the run), which a later --merge run keeps."""
+    if not path.exists():
+        return ""
+    earlier = path.read_text()
+    at = earlier.find(f"\n{NOTES}\n")
+    return "" if at < 0 else earlier[at:]
+
+
 def write_report(
     directory: Path,
     stamp: str,
@@ -214,7 +227,7 @@ def write_report(
         "",
     ]
     path = directory / f"{stamp}.md"
-    path.write_text("\n".join(text))
+    path.write_text("\n".join(text) + kept_notes(path))
     raw = {
         "machine": machine,
         "runs": runs,

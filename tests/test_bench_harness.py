@@ -361,6 +361,19 @@ def test_a_partial_report_names_what_it_has_not_measured(tmp_path):
     assert "## Recovery (WordCount)\n" in text  # no daemon named when none ran
 
 
+def test_a_later_report_of_the_day_keeps_its_hand_written_notes(tmp_path):
+    """A diagnosis written under "## Notes" survives the next run's rewrite of the tables."""
+    rows = {"dstream/tuned": {"status": "confirmed", "rate": 90_000}}
+    first = one_table_report(tmp_path, "wordcount", rows)
+    assert "## Notes" not in first
+    path = tmp_path / "today.md"
+    path.write_text(first + "\n## Notes\n\nwhy the trigger was slow\n")
+    rows = {"dstream/tuned": {"status": "confirmed", "rate": 95_000}}
+    again = one_table_report(tmp_path, "wordcount", rows)
+    assert "| 95,000 |" in again and "| 90,000 |" not in again
+    assert again.endswith("\n## Notes\n\nwhy the trigger was slow\n")
+
+
 def test_a_merged_run_replaces_only_the_rows_it_measured(tmp_path):
     """`--merge`: the day's earlier rows stay, each row names the run that measured it."""
     from bench.report import load_report, write_report
@@ -425,9 +438,11 @@ def test_recovery_table_states_the_run_length_and_a_recovery_not_seen():
 
 
 def test_profile_attributes_jobs_to_batches_by_either_engines_properties():
-    """dstream names a batch's jobs by job group, Spark Streaming by its batch-time property;
-    jobs of neither (a state sampler) belong to no batch; overlapping jobs count once."""
+    """dstream names a batch's jobs by job group, Spark Streaming by its batch-time property,
+    Structured Streaming by its micro-batch id (`triggers`); jobs of none (a state sampler)
+    belong to no batch; overlapping jobs count once; a trigger's row sums its jobs."""
     from bench.throughput.profile import covered_ms, jobs_by_batch
+    from bench.throughput.triggers import batch_id, operator_row, trigger_row
 
     def job(job_id: int, properties: dict[str, str], start: int, end: int, stage: int) -> list:
         return [
@@ -443,7 +458,7 @@ def test_profile_attributes_jobs_to_batches_by_either_engines_properties():
             {
                 "Event": "SparkListenerTaskEnd",
                 "Stage ID": stage,
-                "Task Metrics": {"Executor Run Time": 30},
+                "Task Metrics": {"Executor Run Time": 30, "Executor CPU Time": 20_000_000},
             },
             {"Event": "SparkListenerJobEnd", "Job ID": job_id, "Completion Time": end},
         ]
@@ -453,12 +468,31 @@ def test_profile_attributes_jobs_to_batches_by_either_engines_properties():
         + job(2, {"spark.jobGroup.id": "dstream-batch-5000"}, 300, 500, 2)
         + job(3, {"spark.streaming.internal.batchTime": "6000"}, 1000, 1200, 3)
         + job(4, {"spark.jobGroup.id": "dstream-state-sampler"}, 0, 50, 4)
+        + job(5, {"streaming.sql.batchId": "7"}, 2000, 2100, 5)
+        + job(6, {"streaming.sql.batchId": "7"}, 2100, 2150, 6)
     )
     grouped = jobs_by_batch(events)
     assert sorted(grouped) == [5000, 6000]
     assert [(j["stages"], j["tasks"], j["run_ms"]) for j in grouped[5000]] == [(1, 2, 30)] * 2
     assert covered_ms(grouped[5000]) == 400  # 100-500, the overlap counted once
     assert covered_ms(grouped[6000]) == 200
+    micro_batches = jobs_by_batch(events, batch_id)
+    assert sorted(micro_batches) == [7]
+    durations = {"triggerExecution": 900, "addBatch": 700, "walCommit": 40}
+    operator = {"numRowsUpdated": 113_000, "numRowsRemoved": 9_000, "allUpdatesTimeMs": 300}
+    operator |= {"allRemovalsTimeMs": 50, "commitTimeMs": 20}
+    operator |= {"customMetrics": {"rocksdbFilesCopied": 2}}
+    row = trigger_row({"durationMs": durations}, micro_batches[7])
+    assert (row["triggerExecution"], row["addBatch"], row["queryPlanning"]) == (900, 700, 0)
+    assert (row["jobs"], row["stages"], row["tasks"], row["task_cpu"]) == (2, 2, 4, 40)
+    assert operator_row(operator) == {
+        "updated": 113_000,
+        "removed": 9_000,
+        "update_ms": 300,
+        "remove_ms": 50,
+        "commit_ms": 20,
+        "files_copied": 2,
+    }
 
 
 def test_ceiling_runs_each_program_unchanged_on_one_partition():
@@ -706,7 +740,7 @@ def bench_broker(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(480)  # a worker's JVM start, then a trial given up to 240 s
+@pytest.mark.timeout(600)  # a worker's JVM start, then two trials given up to 240 s each
 @pytest.mark.parametrize(
     ("system_name", "variant"), [("dstream", "tuned"), ("structured", "expert")]
 )
@@ -715,19 +749,23 @@ def test_a_kafka_trial_reads_the_fed_topic_and_passes_the_checker(
 ):
     """`--source kafka` end to end, as `python -m bench` runs it: the system's worker process
     (Structured Streaming with spark-sql-kafka on its classpath) reads a topic fed at the
-    trial's rate, and its WordCount outputs match the reference of what it read (a tiny rate:
-    about correctness, not speed); every measured batch's latency is measured."""
+    trial's rate, and its WordCount and Grep outputs match the reference of what it read (a
+    tiny rate: about correctness, not speed); every measured batch's latency is measured. Both
+    workloads run on one worker, as a run's trials do."""
     from bench.throughput.searches import Worker
 
     worker = Worker(system_name, "dstream.worker.pydaemon", kafka=bench_broker.bootstrap)
     try:
-        command = {"workload": "wordcount", "variant": variant, "rate": 200, "warmup": 2}
-        command |= {"measured": 3, "samples": 3, "confirmation": False, "timeout_s": 240}
-        event = worker.trial(command)
+        events = []
+        for workload in ("wordcount", "grep"):
+            command = {"workload": workload, "variant": variant, "rate": 200, "warmup": 2}
+            command |= {"measured": 3, "samples": 3, "confirmation": False, "timeout_s": 240}
+            events.append(worker.trial(command))
     finally:
         worker.close()
-    verdict = event["verdict"]
-    assert verdict["kind"] != WRONG, verdict["reason"]
-    assert len(event["checked_batches"]) == 3 and verdict["batches"] == 3
-    assert sum(b["records"] for b in event["batches"]) > 0
-    assert all(b["latency_p99_ms"] is not None for b in event["batches"])
+    for event in events:
+        verdict = event["verdict"]
+        assert verdict["kind"] != WRONG, (event["workload"], verdict["reason"])
+        assert len(event["checked_batches"]) == 3 and verdict["batches"] == 3
+        assert sum(b["records"] for b in event["batches"]) > 0
+        assert all(b["latency_p99_ms"] is not None for b in event["batches"])

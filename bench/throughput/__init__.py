@@ -3,7 +3,8 @@
 `searches` interleaves the rate searches (`search`) of every system, each trial run by a worker
 process (`worker`) on a system of `systems` running a program of `programs` on the input of
 `feed` (or, with `--source kafka`, of a topic `kafka_input` feeds), its output checked against `reference` and judged by `trial`; `ceiling` measures the
-programs' own Python alone, `profile` and `stages` look inside a batch, `redis_source` sets a
+programs' own Python alone, `profile` and `stages` look inside a batch, `triggers` inside a
+Structured Streaming trigger, `redis_source` sets a
 broker source against the rate source. Entry point: `python -m bench.throughput <tool>`.
 May import `bench.common` and `bench.machine` only.
 """

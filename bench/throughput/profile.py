@@ -24,6 +24,7 @@ import statistics
 import sys
 import tempfile
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,14 +67,7 @@ def run(
     batch_ms: int = 1000,
 ) -> list[Batch]:
     conf = spark_conf("local[2]", PARTITIONS, daemon)
-    conf.setAll(
-        [
-            ("spark.eventLog.enabled", "true"),
-            ("spark.eventLog.dir", log_dir),
-            ("spark.eventLog.compress", "false"),
-            ("spark.eventLog.rolling.enabled", "false"),
-        ]
-    )
+    conf.setAll(event_log_conf(log_dir))
     sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
     print(f"driver pid {os.getpid()}", file=sys.stderr, flush=True)
@@ -84,6 +78,16 @@ def run(
     finally:
         sc.stop()
     return trial.batches
+
+
+def event_log_conf(log_dir: str) -> list[tuple[str, str]]:
+    """Spark's event log, one uncompressed file in log_dir: what `read_events` reads."""
+    return [
+        ("spark.eventLog.enabled", "true"),
+        ("spark.eventLog.dir", log_dir),
+        ("spark.eventLog.compress", "false"),
+        ("spark.eventLog.rolling.enabled", "false"),
+    ]
 
 
 def read_events(log_dir: str) -> list[dict[str, Any]]:
@@ -102,8 +106,12 @@ def batch_of(properties: dict[str, str]) -> int | None:
     return int(value) if value else None
 
 
-def jobs_by_batch(events: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
-    """Per batch time: each job's start, end, stages, tasks and task run time."""
+def jobs_by_batch(
+    events: list[dict[str, Any]],
+    batch_of: Callable[[dict[str, str]], int | None] = batch_of,
+) -> dict[int, list[dict[str, Any]]]:
+    """Per batch (its time, or what `batch_of` reads from a job's properties): each job's
+    start, end, stages, tasks, task run time and task CPU time."""
     jobs: dict[int, dict[str, Any]] = {}
     stage_job: dict[int, int] = {}
     for e in events:
@@ -125,6 +133,8 @@ def jobs_by_batch(events: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]
                 job["tasks"] = job.get("tasks", 0) + 1
                 metrics = e.get("Task Metrics") or {}
                 job["run_ms"] = job.get("run_ms", 0) + metrics.get("Executor Run Time", 0)
+                cpu_ms = metrics.get("Executor CPU Time", 0) // 1_000_000
+                job["cpu_ms"] = job.get("cpu_ms", 0) + cpu_ms
     grouped: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for job in jobs.values():
         if job["batch"] is not None:

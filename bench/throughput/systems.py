@@ -15,6 +15,7 @@ Grep's lines are made in Python (`grep`) or in the JVM (`grep-jvm`) for every sy
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -387,17 +388,20 @@ class StructuredSystem(System):
       of the words it updated (update mode's semantics, checked as such);
     - expert: grep with `contains`; counts as Spark 4's experts chain window aggregations: a
       pre-aggregate per batch interval, then the sliding window over its `window_time`, in
-      append mode, on the RocksDB state store with changelog checkpointing. Append mode emits a
-      window once the watermark has passed its end, so the window that ends with interval k
-      comes out OUTPUT_LAG triggers after the one that read k; its latency includes them."""
+      append mode. Append mode emits a window once the watermark has passed its end, so the
+      window that ends with interval k comes out OUTPUT_LAG triggers after the one that read k;
+      its latency includes them.
+    Both keep their state in the default (HDFS-backed, in-memory) state store. Not RocksDB: on
+    Spark 4.0 a streaming aggregation opens a read-only store beside the one it writes and
+    aborts it when its task ends, which makes RocksDB drop the version it just committed and
+    load it again from the checkpoint at the next trigger (a snapshot plus every changelog
+    since), for each operator and partition (SPARK-51955, fixed in Spark 4.1). With the
+    chained windows' 100,000+ state rows updated per trigger that reload was most of every
+    trigger (bench/README.md, "Where a Structured Streaming trigger's time goes")."""
 
     name = "structured"
     variants = ("plain", "expert")
     OUTPUT_LAG = 2
-    STATE_STORES = {
-        "plain": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
-        "expert": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-    }
 
     def __init__(self, sc: SparkContext, partitions: int, kafka: KafkaFeed | None = None):
         from pyspark.sql import SparkSession
@@ -406,16 +410,19 @@ class StructuredSystem(System):
         self.spark = SparkSession(sc)
         self.spark.conf.set("spark.sql.ansi.enabled", "false")  # feed.pool_index_column wraps
         self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))  # state partitions
-        self.spark.conf.set(
-            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true"
-        )
-        self.pool = feed.pool_frame(self.spark, SEED, RECORD_BYTES).cache()
-        self.pool.count()
         self._progress: list[dict[str, Any]] = []
         self._emitted: dict[int, int] = {}  # interval k -> the micro-batch that output it
         self._appends = False  # whether outputs come OUTPUT_LAG micro-batches later
         self._rate = 0
         self._wall_clock = False
+
+    @functools.cached_property
+    def pool(self) -> Any:
+        """The line pool as a cached table, built by the first trial that joins it (a Kafka
+        trial reads its lines from the topic and never does)."""
+        pool = feed.pool_frame(self.spark, SEED, RECORD_BYTES).cache()
+        pool.count()
+        return pool
 
     def lines(self, rate: int, start_ms: int, wall_clock: bool, in_jvm: bool = True) -> Any:
         """The records as (line, timestamp) rows. Trials use `rate-micro-batch` (exactly one
@@ -475,9 +482,6 @@ class StructuredSystem(System):
         self._rate = rate
         self._checkpoint = checkpoint
         self._wall_clock = wall_clock
-        self.spark.conf.set(
-            "spark.sql.streaming.stateStore.providerClass", self.STATE_STORES[variant]
-        )
         expert = variant == "expert"
         start_ms = (int(time.time()) - 60) * 1000  # whole seconds: window ends are aligned
         if self.kafka is not None:
