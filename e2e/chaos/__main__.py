@@ -38,6 +38,11 @@ RELEASE = "dstream"
 LEASE = RELEASE  # the chart's leader Lease is named after its full name, here the release
 LEASE_DURATION = "spark.dstream.lease.durationSeconds"  # the job Lease's, with a standby
 SOURCE = Input(seed=7, record_bytes=60, partitions=2)
+TEMPLATE_LABEL = "e2e.dstream.dev/from-template"  # each pod template's, checked on the pods
+
+
+def from_template(role: str) -> dict[str, Any]:
+    return {"metadata": {"labels": {TEMPLATE_LABEL: role}}}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -149,8 +154,15 @@ def job_manifest(args: argparse.Namespace, storage: Storage) -> dict[str, Any]:
                 "memory": "512m",
                 "coresRequest": "250m",  # two drivers and their executors fit 2 cores
                 "standby": args.standby,
+                "podTemplate": from_template("driver"),
             },
-            "executor": {"instances": 2, "cores": 1, "memory": "512m", "coresRequest": "100m"},
+            "executor": {
+                "instances": 2,
+                "cores": 1,
+                "memory": "512m",
+                "coresRequest": "100m",
+                "podTemplate": from_template("executor"),
+            },
             "image": args.image,
             "imagePullPolicy": "IfNotPresent",
             "volumes": [storage.volume()],
@@ -173,6 +185,7 @@ def make_storage(args: argparse.Namespace, cluster: Cluster) -> Storage:
 def run_faults(chaos: Chaos, args: argparse.Namespace) -> None:
     say("waiting for the job to run (phase Running, executors ready, a batch committed)")
     chaos.wait_until_running(900)
+    check_pod_templates(chaos.cluster, chaos.target)
     chaos.measure_baseline(5, 600)
     for n in range(args.executor_kills):
         say(f"executor loss {n + 1}/{args.executor_kills}")
@@ -193,6 +206,17 @@ def run_faults(chaos: Chaos, args: argparse.Namespace) -> None:
         say(f"operator loss {n + 1}/{args.operator_kills} (then a driver loss it must handle)")
         chaos.lose_operator(600)
         chaos.settle(2, 300)
+
+
+def check_pod_templates(cluster: Cluster, target: Target) -> None:
+    """The pod templates reached pods a kubelet runs: the driver's through the operator, the
+    executors' through Spark's own pod-template support (the hollow node runs no executor)."""
+    for role in ("driver", "executor"):
+        pods = cluster.job_pods(target.namespace, target.job, role)
+        missing = [p.metadata.name for p in pods if p.metadata.labels.get(TEMPLATE_LABEL) != role]
+        if not pods or missing:
+            raise RuntimeError(f"{role} pods without their template's label: {missing or 'none'}")
+    say("pod templates: the driver's and the executors' labels are on their pods")
 
 
 def diagnose(cluster: Cluster, args: argparse.Namespace) -> None:
