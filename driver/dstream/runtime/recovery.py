@@ -298,8 +298,9 @@ def warm_up(sc: SparkContext, stop: threading.Event, rounds: int = WARM_UP_ROUND
     step) and written as text files (as the files sink and Spark's writers do), into a scratch
     directory of this SparkContext's checkpoint directory, which the executors share. Each
     executor's Python workers start and the JVMs load and compile that code before a batch
-    needs it: measured, a standby's first batch took 2.5 times as long with three bare
-    shuffles as warm-up (docs/fault-tolerance.md). A stop (the lead taken) ends it early."""
+    needs it: a standby's first batches after a takeover ran it several times slower than
+    the warm leader (docs/fault-tolerance.md, with the A/B against bare shuffles). A stop
+    (the lead taken) ends it early."""
     slots = sc.defaultParallelism
     scratch = local_path(f"{sc.getCheckpointDir()}/standby-warm-up")
     try:
