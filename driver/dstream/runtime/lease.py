@@ -117,20 +117,7 @@ class CheckpointLease:
         `wait` (a standby) poll until then; without, a lead held by a live driver raises
         CheckpointInUseError."""
         announced = False
-        while True:
-            self.taken_by = self._takeable()
-            if self.taken_by:
-                self.fence = claim_epoch(self.ledger, self._source)
-                # A lease taken by expiry means its holder stalled: worth a warning.
-                level = logging.WARNING if self.taken_by == "expiry" else logging.INFO
-                log.log(
-                    level,
-                    "leading checkpoint %s at epoch %d (taken by %s)",
-                    self.path,
-                    self.fence.epoch,
-                    self.taken_by,
-                )
-                return self.fence
+        while (fence := self.try_acquire()) is None:
             newest = self.ledger.newest()
             if not wait:
                 raise CheckpointInUseError(
@@ -144,6 +131,25 @@ class CheckpointLease:
                 )
                 announced = True
             self._released.wait(self._election.poll_s if self._election else POLL_S)
+        return fence
+
+    def try_acquire(self) -> Fence | None:
+        """Take the lead if it can be taken now (see acquire) and claim the next epoch; None
+        when another driver holds it."""
+        self.taken_by = self._takeable()
+        if not self.taken_by:
+            return None
+        self.fence = claim_epoch(self.ledger, self._source)
+        # A lease taken by expiry means its holder stalled: worth a warning.
+        level = logging.WARNING if self.taken_by == "expiry" else logging.INFO
+        log.log(
+            level,
+            "leading checkpoint %s at epoch %d (taken by %s)",
+            self.path,
+            self.fence.epoch,
+            self.taken_by,
+        )
+        return self.fence
 
     def _takeable(self) -> str:
         """How the lead can be taken now ("" when it cannot)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
+import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from dstream.runtime.checkpoint import (
     LogState,
     check_state_checkpoint,
     compare_signatures,
+    local_path,
 )
 from dstream.runtime.fencing import DeposedError, Fence
 from dstream.runtime.timeutil import datetime_of
@@ -228,11 +230,10 @@ class CheckpointRecovery:
 class CheckpointFollower:
     """What a standby does while it waits for the lead, in a thread of its own so that the
     lease is polled meanwhile: it follows the leader's checkpoint, so that taking over costs as
-    little as possible. First it warms the Python workers (a job per core, so each executor's
-    worker daemon is up); then every `every_s` it reads the metadata and the log (the page
-    cache keeps them) and reads each stream's newest state checkpoint through once in the JVM,
-    which recovery then need not do again (`verified`). It only reads: the leader is writing
-    the same directory."""
+    little as possible. First it warms its executors up (`warm_up`); then every `every_s` it
+    reads the metadata and the log (the page cache keeps them) and reads each stream's newest
+    state checkpoint through once in the JVM, which recovery then need not do again
+    (`verified`). It only reads the checkpoint: the leader is writing the same directory."""
 
     def __init__(self, sc: SparkContext, checkpoint: CheckpointDir, every_s: float = 2.0):
         self._sc = sc
@@ -254,9 +255,11 @@ class CheckpointFollower:
             return frozenset(self._verified)
 
     def _follow(self) -> None:
-        sc = self._sc
         try:
-            self._warm_up(sc)
+            warm_up(self._sc, self._stop)
+        except Exception as error:  # only slower to take over: worth a warning, not a stop
+            log.warning("standby: warm-up failed, following without it (%s)", error)
+        try:
             self._read_checkpoint()
             log.info(
                 "standby: warm, following %s (%d state checkpoints read through)",
@@ -267,15 +270,6 @@ class CheckpointFollower:
                 self._read_checkpoint()
         except Exception as error:  # stopped under it: recovery reads what it needs itself
             log.info("standby: stopped following the checkpoint (%s)", error)
-
-    @staticmethod
-    def _warm_up(sc: SparkContext, rounds: int = 3) -> None:
-        """Run a few small shuffles of Python pairs, as a stateful batch does: each executor's
-        Python workers start, and the JVM compiles the shuffle's code before it is needed."""
-        slots = sc.defaultParallelism
-        for _ in range(rounds):
-            pairs = sc.parallelize(range(slots * 1000), slots).map(lambda n: (n % 97, 1))
-            pairs.reduceByKey(operator.add).count()
 
     def _read_checkpoint(self) -> None:
         sc = self._sc
@@ -293,3 +287,36 @@ class CheckpointFollower:
                 continue
             with self._lock:
                 self._verified.add(path)
+
+
+WARM_UP_ROUNDS = 5
+
+
+def warm_up(sc: SparkContext, stop: threading.Event, rounds: int = WARM_UP_ROUNDS) -> None:
+    """Run, a few times, small jobs through the code a stateful batch runs: a shuffle of Python
+    pairs, kept in memory (as a batch's shared stream), cogrouped with another (as a state
+    step) and written as text files (as the files sink and Spark's writers do), into a scratch
+    directory of this SparkContext's checkpoint directory, which the executors share. Each
+    executor's Python workers start and the JVMs load and compile that code before a batch
+    needs it: a standby's first batches after a takeover ran it several times slower than
+    the warm leader (docs/fault-tolerance.md, with the A/B against bare shuffles). A stop
+    (the lead taken) ends it early."""
+    slots = sc.defaultParallelism
+    scratch = local_path(f"{sc.getCheckpointDir()}/standby-warm-up")
+    try:
+        for n in range(rounds):
+            if stop.is_set():
+                return
+            pairs = sc.parallelize(range(slots * 1000), slots).map(lambda n: (n % 97, 1))
+            counts = pairs.reduceByKey(operator.add).persist()
+            stepped = counts.cogroup(pairs).mapValues(_first_summed)
+            stepped.saveAsTextFile(str(scratch / str(n)))
+            counts.unpersist()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _first_summed(grouped: tuple[Any, Any]) -> int:
+    """The warm-up's state step. A function of this module, which the Python workers import to
+    run it, so that they have dstream's modules loaded before the first batch's tasks."""
+    return sum(grouped[0])

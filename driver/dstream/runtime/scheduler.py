@@ -241,8 +241,8 @@ class BatchScheduler:
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self, standby: bool = False) -> None:
-        """Take the checkpoint's lead (as a `standby`, wait for it, following the checkpoint),
-        recover from it or start fresh, and start the timer and the runner."""
+        """Take the checkpoint's lead (as a `standby` whose lead is held, wait for it, following
+        the checkpoint), recover from it or start fresh, and start the timer and the runner."""
         if self._checkpoint is not None:
             self._lead(self._checkpoint, standby)
         try:
@@ -266,16 +266,18 @@ class BatchScheduler:
 
     def _lead(self, checkpoint: CheckpointDir, standby: bool) -> None:
         """Hold the checkpoint's lease for the run (lease.py) under a new epoch, which every
-        log entry carries and every write checks (fencing.py)."""
+        log entry carries and every write checks (fencing.py). A standby that finds the lead
+        free leads at once: following first would only delay its first batch."""
         conf = self._sc.getConf()
         duration_s = float(conf.get(DURATION_KEY, str(DEFAULT_DURATION_S)))
         election = _kube_lease(conf.get(KUBE_LEASE_KEY), duration_s)
         self.lease = CheckpointLease(checkpoint.path, duration_s, epoch_source_from_env(), election)
-        if standby:
+        self.fence = self.lease.try_acquire() if standby else self.lease.acquire(wait=False)
+        if self.fence is None:  # a standby whose lead is held: follow the checkpoint meanwhile
             self.state = "standby"
             self._follower = CheckpointFollower(self._sc, checkpoint)
             self._follower.start()
-        self.fence = self.lease.acquire(wait=standby)
+            self.fence = self.lease.acquire(wait=True)
         timeline.mark("lead_taken")
         set_current_fence(self.fence)
         self.lease.start_renewing(self._deposed)
