@@ -74,7 +74,7 @@ set_node_kind() {
     APISERVER_HOST=127.0.0.1
     ;;
   real)
-    COMPONENTS=("${CONTROL_PLANE[@]}" containerd kubelet kube-proxy)
+    COMPONENTS=("${CONTROL_PLANE[@]}" containerd coredns kubelet kube-proxy)
     NODE_NAME="${REAL_NODE_NAME}"
     APISERVER_HOST="${REAL_NODE_IP}"
     ;;
@@ -355,6 +355,7 @@ write_tokens_and_kubeconfigs() {
   if [[ "${NODE_KIND}" == real ]]; then
     write_identity real-node "system:node:${NODE_NAME}" '"system:nodes"'
     write_identity kube-proxy system:kube-proxy ''
+    write_identity coredns system:coredns ''
   else
     write_identity hollow-node "system:node:${NODE_NAME}" '"system:nodes"'
   fi
@@ -463,7 +464,8 @@ port_is_free() {
 check_ports_free() {
   local port node_ports=("${HOLLOW_KUBELET_PORT}")
   [[ "${NODE_KIND}" == real ]] &&
-    node_ports=("${KUBELET_HEALTHZ_PORT}" "${KUBE_PROXY_METRICS_PORT}" "${KUBE_PROXY_HEALTHZ_PORT}")
+    node_ports=("${KUBELET_HEALTHZ_PORT}" "${KUBE_PROXY_METRICS_PORT}" "${KUBE_PROXY_HEALTHZ_PORT}"
+      "${COREDNS_READY_PORT}")
   for port in "${ETCD_CLIENT_PORT}" "${ETCD_PEER_PORT}" "${APISERVER_PORT}" \
     "${CONTROLLER_MANAGER_PORT}" "${SCHEDULER_PORT}" "${node_ports[@]}"; do
     port_is_free "${port}" || die "port 127.0.0.1:${port} is in use by a process this script did \
@@ -666,6 +668,7 @@ cmd_up() {
   fi
   build_binaries
   install_apt_packages
+  [[ "${NODE_KIND}" == real ]] && build_coredns
   step "checking that the ports are free"
   check_ports_free
   rm -rf "${STATE_DIR}"

@@ -6,8 +6,8 @@
 # plugin with restrict_oom_score_adj, runc, overlayfs), a CNI bridge `cni0` with host-local IPAM
 # on 10.244.0.0/24 (the bridge address 10.244.0.1 is also the node IP and where the API server
 # listens, so pods reach it), kubelet (cgroupfs) and kube-proxy (iptables mode, for ClusterIPs such
-# as the `kubernetes` Service). No cluster DNS: pods get a resolv.conf that answers nothing.
-# Forwarding from the bridge to anything but the bridge is dropped, so pods reach only each other
+# as the `kubernetes` Service) and CoreDNS, the cluster DNS (Service names under cluster.local, from
+# the API server; any other name fails at once: pods reach no other name server). Forwarding from the bridge to anything but the bridge is dropped, so pods reach only each other
 # and this machine. See shared/notes/offline-kubernetes.md.
 
 readonly REAL_NODE_NAME=dstream-node
@@ -18,6 +18,14 @@ readonly KUBELET_PORT=10250
 readonly KUBELET_HEALTHZ_PORT=10248
 readonly KUBE_PROXY_METRICS_PORT=10249
 readonly KUBE_PROXY_HEALTHZ_PORT=10256
+# CoreDNS, built from its Go module with Debian's Go 1.19 (as the Kubernetes binaries are) and cached
+# beside them: 1.10.1 is the last release whose kubernetes plugin watches EndpointSlices
+# discovery.k8s.io/v1beta1, the only version Kubernetes 1.20 serves (1.11 needs v1, Kubernetes 1.21).
+readonly COREDNS_VERSION=v1.10.1
+readonly COREDNS_MODULE=github.com/coredns/coredns
+readonly CLUSTER_DOMAIN=cluster.local
+readonly CLUSTER_DNS_IP="${REAL_NODE_IP}" # on the bridge, where pods reach this machine
+readonly COREDNS_READY_PORT=8181          # its `ready` plugin, on 127.0.0.1
 readonly KUBELET_ROOT=/var/lib/kubelet
 readonly CNI_STATE_DIR=/var/lib/cni
 readonly CNI_BIN_DIR=/usr/lib/cni
@@ -127,7 +135,8 @@ create_pod_network() {
   ]
 }
 EOF
-  # No cluster DNS: a name server that is not there fails lookups at once instead of timing out.
+  # The resolv.conf of pods that do not use the cluster DNS (dnsPolicy Default): a name server
+  # that is not there fails lookups at once instead of timing out.
   printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"${STATE_DIR}/pod-resolv.conf"
 }
 
@@ -210,7 +219,10 @@ authorization: {mode: Webhook}
 cgroupDriver: cgroupfs
 failSwapOn: false
 resolvConf: ${STATE_DIR}/pod-resolv.conf
-clusterDomain: cluster.local
+# Pods (dnsPolicy ClusterFirst) get this name server and the search path
+# <namespace>.svc.cluster.local svc.cluster.local cluster.local.
+clusterDNS: [${CLUSTER_DNS_IP}]
+clusterDomain: ${CLUSTER_DOMAIN}
 serializeImagePulls: false
 # Images come from local archives (no registry): never garbage-collect them.
 imageGCHighThresholdPercent: 100
@@ -257,10 +269,86 @@ start_kube_proxy() {
   wait_for "kube-proxy (/healthz on :${KUBE_PROXY_HEALTHZ_PORT})" kube-proxy kube_proxy_healthy
 }
 
+# ---------------------------------------------------------------------------------------------
+# Cluster DNS: CoreDNS on the bridge address, reading Services and EndpointSlices from the API
+# server as system:coredns (the permissions of the ClusterRole below, as in a kubeadm cluster).
+
+coredns_binary() { echo "${CACHE_DIR}/coredns-${COREDNS_VERSION}/bin/coredns"; }
+
+# `go install` of the release's module (from the Go module proxy, cached beside the binary), under
+# a lock so that two runs do not build into one directory.
+build_coredns() {
+  local binary dir
+  binary="$(coredns_binary)"
+  [[ -x "${binary}" ]] && return
+  dir="$(dirname "$(dirname "${binary}")")"
+  mkdir -p "${dir}"
+  step "building CoreDNS ${COREDNS_VERSION} (go install ${COREDNS_MODULE}; log: ${dir}/build.log)"
+  (
+    flock -w "${LOCK_TIMEOUT}" 7 || exit 1
+    [[ -x "${binary}" ]] && exit 0
+    env -u GOFLAGS -u GOROOT GOPATH="${dir}/go" GOMODCACHE="${dir}/go/mod" \
+      GOCACHE="${dir}/go/cache" GOBIN="${dir}/bin" CGO_ENABLED=0 GOFLAGS=-modcacherw \
+      PATH="${GOROOT_119}/bin:${PATH}" \
+      go install "${COREDNS_MODULE}@${COREDNS_VERSION}" >"${dir}/build.log" 2>&1
+  ) 7>"${dir}/.build.lock" ||
+    die "building CoreDNS failed, last lines of ${dir}/build.log:
+$(tail -n 20 "${dir}/build.log")"
+}
+
+write_coredns_config() {
+  kubectl_admin apply -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "system:coredns"}
+rules:
+- apiGroups: [""]
+  resources: [endpoints, services, pods, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "system:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:coredns"}
+EOF
+  # Cluster names from the API server; any other name NXDOMAIN at once (no upstream here).
+  cat >"${STATE_DIR}/Corefile" <<EOF
+${CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {
+  bind ${CLUSTER_DNS_IP}
+  errors
+  ready 127.0.0.1:${COREDNS_READY_PORT}
+  kubernetes ${CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {
+    kubeconfig ${STATE_DIR}/coredns.kubeconfig dstream-local
+    ttl 5
+  }
+}
+. {
+  bind ${CLUSTER_DNS_IP}
+  template ANY ANY {
+    rcode NXDOMAIN
+  }
+}
+EOF
+}
+
+coredns_ready() { curl -fsS --max-time 2 "http://127.0.0.1:${COREDNS_READY_PORT}/ready"; }
+
+start_coredns() {
+  write_coredns_config
+  start_component coredns "$(coredns_binary)" -conf "${STATE_DIR}/Corefile"
+  wait_for "CoreDNS on ${CLUSTER_DNS_IP}:53 (/ready on :${COREDNS_READY_PORT})" coredns coredns_ready
+}
+
 start_real_node() {
   build_pause_image
   start_containerd
   import_image "$(pause_archive)"
+  start_coredns
   start_kubelet
   start_kube_proxy
 }
