@@ -8,10 +8,15 @@ pod and the driver pod are deleted. Each line ends with a word of its own (`seqN
 committed counts, read back with read_committed, tell record by record what was lost or doubled,
 and every other word's total must equal its count in what the feeder had acknowledged.
 
-The job is the example file with only what this cluster needs changed: the brokers' address
-(both `bootstrapServers`), the image, the checkpoint on the suite's shared volume, the suite's
-small pods and restart policy, and a 3 s batch interval (the example's 1 s is more than a
-2-core machine running the whole cluster keeps up with).
+The job is the example file as written, applied with `kubectl apply --namespace`; the suite
+gives it what its comments ask of a cluster, in the job's namespace:
+- the Service `kafka`, without a selector, its Endpoints the broker's pod-facing listener: a pod
+  finds `kafka` through the cluster DNS (CoreDNS, e2e/cluster/real-node.sh) and kube-proxy
+  forwards its port to the listener (the list's other address, 127.0.0.1:9092, is the pod
+  itself: refused at once);
+- the claim `dstream-checkpoints`, bound to a hostPath PersistentVolume on a directory that this
+  machine reads, so the suite follows the checkpoint's batch log;
+- the image `dstream:latest`: e2e/offline.sh gives the suite's image that name too.
 """
 
 from __future__ import annotations
@@ -24,25 +29,27 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
+from dstream.spec import duration_ms
 
 from e2e.chaos.cluster import Cluster, wait_for
 from e2e.chaos.faults import Chaos, Target
 from e2e.chaos.observer import Observer
-from e2e.chaos.storage import CHECKPOINT, HostPathStorage
+from e2e.chaos.storage import HostPathStorage
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "kafka-wordcount.yaml"
 sys.path.insert(0, str(ROOT / "tests"))  # the tests' broker fixture and its client helpers
 from kafka_server import KafkaServer, produce, word_totals  # noqa: E402
 
-BATCH_SECONDS = 3
+SERVICE = "kafka"  # the example's cluster name of the brokers
 FEED_LINES_PER_SECOND = 20
 PARTITIONS = 3  # of both topics, as the example's comment asks
 DRAIN_TIMEOUT_S = 180
+CLAIM_SIZE = "1Gi"
 
 
 def line(n: int) -> str:
@@ -92,21 +99,101 @@ class KafkaVerdict:
         return not self.problems and self.lost == 0 and self.duplicated == 0
 
 
-def job_manifest(
-    address: str, namespace: str, storage: HostPathStorage, pods: dict[str, Any]
-) -> dict[str, Any]:
-    """The example, pointed at `address`, with the suite's pods (`pods`: image, driver,
-    executor, sparkConf, restartPolicy of the main scenario's job) and shared checkpoint."""
-    document = yaml.safe_load(EXAMPLE.read_text())
-    document["metadata"]["namespace"] = namespace
-    spec = document["spec"]
-    for side in (spec["source"]["kafka"], spec["sink"]["kafka"]):
-        side["bootstrapServers"] = address
-    spec.update(pods)
-    spec["batchInterval"] = f"{BATCH_SECONDS}s"
-    spec["checkpoint"]["path"] = CHECKPOINT
-    spec["volumes"] = [storage.volume()]
-    return document
+@dataclass(frozen=True)
+class Example:
+    """What the suite reads of the example: the names it must provide and follow."""
+
+    spec: dict[str, Any]
+    job: str
+
+    @classmethod
+    def load(cls) -> Example:
+        document = yaml.safe_load(EXAMPLE.read_text())
+        return cls(document["spec"], document["metadata"]["name"])
+
+    @property
+    def topics(self) -> tuple[str, str]:
+        (source,) = self.spec["source"]["kafka"]["topics"]
+        return source, self.spec["sink"]["kafka"]["topic"]
+
+    @property
+    def batch_seconds(self) -> float:
+        return duration_ms(self.spec["batchInterval"]) / 1000
+
+    @property
+    def service_port(self) -> int:
+        """The port of `kafka:PORT` in the bootstrap lists (both must name it)."""
+        ports = set()
+        for side in (self.spec["source"]["kafka"], self.spec["sink"]["kafka"]):
+            named = [a for a in side["bootstrapServers"].split(",") if a.startswith(f"{SERVICE}:")]
+            if not named:
+                raise ValueError(f"{EXAMPLE.name}: no {SERVICE}:PORT in {side['bootstrapServers']}")
+            ports |= {int(a.split(":")[1]) for a in named}
+        (port,) = ports
+        return port
+
+    @property
+    def checkpoint_volume(self) -> tuple[str, str]:
+        """The claim of the volume holding the checkpoint, and the checkpoint's directory in it."""
+        checkpoint = PurePosixPath(self.spec["checkpoint"]["path"])
+        for volume in self.spec.get("volumes", []):
+            mount = PurePosixPath(volume["mountPath"])
+            if "persistentVolumeClaim" in volume and checkpoint.is_relative_to(mount):
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                return claim, str(checkpoint.relative_to(mount))
+        raise ValueError(f"{EXAMPLE.name}: the checkpoint {checkpoint} is on no claimed volume")
+
+
+def broker_service(namespace: str, port: int, host: str, broker_port: int) -> list[dict[str, Any]]:
+    """The Service SERVICE without a selector, and its Endpoints: the broker at host:broker_port."""
+    meta = {"name": SERVICE, "namespace": namespace}
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta,
+            "spec": {"ports": [{"port": port, "protocol": "TCP"}]},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Endpoints",
+            "metadata": meta,
+            "subsets": [
+                {"addresses": [{"ip": host}], "ports": [{"port": broker_port, "protocol": "TCP"}]}
+            ],
+        },
+    ]
+
+
+def checkpoint_claim(namespace: str, claim: str, node_path: str) -> list[dict[str, Any]]:
+    """A ReadWriteMany hostPath PersistentVolume on node_path, bound to `claim` in namespace,
+    and the claim (no storage class: the volume is made here, not provisioned)."""
+    volume = f"{namespace}-{claim}"
+    access = {"accessModes": ["ReadWriteMany"], "storageClassName": ""}
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume},
+            "spec": {
+                **access,
+                "capacity": {"storage": CLAIM_SIZE},
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": node_path},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": namespace},
+            "spec": {
+                **access,
+                "resources": {"requests": {"storage": CLAIM_SIZE}},
+                "volumeName": volume,
+            },
+        },
+    ]
 
 
 def compare(fed: list[str], found: Counter[str]) -> tuple[int, int, list[str]]:
@@ -145,7 +232,6 @@ class KafkaScenario:
     host: str  # this machine's address that pods reach (the offline cluster's bridge)
     node_root: str  # the suite's hostPath root, and the same directory as seen here
     local_root: Path
-    pods: dict[str, Any]
 
     def run(self, say) -> KafkaVerdict:
         directory = Path(tempfile.mkdtemp(prefix="dstream-e2e-kafka-"))
@@ -160,22 +246,35 @@ class KafkaScenario:
             shutil.rmtree(directory, ignore_errors=True)
 
     def _with_broker(self, broker: KafkaServer, say) -> KafkaVerdict:
-        storage = HostPathStorage(f"{self.node_root.rstrip('/')}/kafka", self.local_root / "kafka")
+        example = Example.load()
+        claim, checkpoint = example.checkpoint_volume
+        storage = HostPathStorage(
+            f"{self.node_root.rstrip('/')}/kafka", self.local_root / "kafka", checkpoint=checkpoint
+        )
         storage.prepare()
-        manifest = job_manifest(broker.outside_bootstrap, self.namespace, storage, self.pods)
-        spec, job = manifest["spec"], manifest["metadata"]["name"]
-        (source_topic,) = spec["source"]["kafka"]["topics"]
-        sink_topic = spec["sink"]["kafka"]["topic"]
+        provided = broker_service(
+            self.namespace, example.service_port, self.host, broker.outside_port
+        ) + checkpoint_claim(self.namespace, claim, storage.node_path)
+        say(f"kafka: Service {SERVICE} -> {broker.outside_bootstrap}, claim {claim} (hostPath)")
+        self.cluster.apply(provided)
+        source_topic, sink_topic = example.topics
         for topic in (source_topic, sink_topic):
             broker.create_topic(topic, PARTITIONS)
         feeder = Feeder(broker.bootstrap, source_topic)
         feeder.start()
+        job = example.job
         observer = Observer(storage, self.cluster, self.namespace, job, every_s=1.0)
         observer.start()
-        say(f"kafka: applying StreamingJob {job} (examples/{EXAMPLE.name})")
-        self.cluster.apply([manifest])
+        say(f"kafka: kubectl apply --namespace {self.namespace} -f examples/{EXAMPLE.name}")
+        self.cluster.run_kubectl("apply", "--namespace", self.namespace, "-f", str(EXAMPLE))
         target = Target(
-            self.namespace, job, 2, BATCH_SECONDS, self.operator_namespace, self.release, self.lease
+            self.namespace,
+            job,
+            example.spec["executor"]["instances"],
+            example.batch_seconds,
+            self.operator_namespace,
+            self.release,
+            self.lease,
         )
         chaos = Chaos(self.cluster, observer, target)
         verdict = KafkaVerdict()
@@ -204,7 +303,10 @@ class KafkaScenario:
         for problem in verdict.problems:
             say(f"kafka: PROBLEM: {problem}")
         say(f"kafka: records={verdict.records} lost={verdict.lost} duplicated={verdict.duplicated}")
-        self.cluster.delete([manifest])
+        self.cluster.run_kubectl(
+            "delete", "--namespace", self.namespace, "--ignore-not-found", "-f", str(EXAMPLE)
+        )
+        self.cluster.delete(provided)
         return verdict
 
     @staticmethod

@@ -63,14 +63,18 @@ class HostPathStorage:
     node_root: str  # the hostPath directory on the node
     local_root: Path  # the same directory as this process sees it
     run: str = field(default_factory=lambda: f"run-{int(time.time())}")
+    checkpoint: str = "checkpoint"  # the checkpoint's directory in the volume
 
     @property
     def local_path(self) -> Path:
         return self.local_root / self.run
 
+    @property
+    def node_path(self) -> str:
+        return f"{self.node_root.rstrip('/')}/{self.run}"
+
     def volume(self) -> dict[str, Any]:
-        path = f"{self.node_root.rstrip('/')}/{self.run}"
-        return {"name": VOLUME, "mountPath": MOUNT, "hostPath": {"path": path}}
+        return {"name": VOLUME, "mountPath": MOUNT, "hostPath": {"path": self.node_path}}
 
     def prepare(self) -> None:
         self.local_root.mkdir(parents=True, exist_ok=True)
@@ -80,7 +84,7 @@ class HostPathStorage:
         self.local_path.chmod(0o777)
 
     def log_entries(self) -> dict[str, LogEntry]:
-        log = self.local_path / "checkpoint" / "log"
+        log = self.local_path / self.checkpoint / "log"
         entries = {}
         for path in log.glob("*.json") if log.is_dir() else ():
             try:

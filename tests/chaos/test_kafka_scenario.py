@@ -1,29 +1,56 @@
 """The chaos suite's Kafka scenario: what it applies is the example, and how it counts."""
 
 from collections import Counter
-from pathlib import Path
 
+import pytest
 import yaml
 
-from e2e.chaos.kafka import EXAMPLE, compare, job_manifest, line
-from e2e.chaos.storage import CHECKPOINT, HostPathStorage
+from e2e.chaos.kafka import (
+    EXAMPLE,
+    SERVICE,
+    Example,
+    broker_service,
+    checkpoint_claim,
+    compare,
+    line,
+)
+from e2e.chaos.storage import HostPathStorage
 
 
-def test_the_applied_job_is_the_example_with_only_the_cluster_settings_changed():
-    example = yaml.safe_load(EXAMPLE.read_text())
-    storage = HostPathStorage("/node/data", Path("/node/data"), run="run-1")
-    pods = {"image": "dstream:e2e", "executor": {"instances": 2, "cores": 1, "memory": "512m"}}
-    applied = job_manifest("10.244.0.1:9999", "ns", storage, pods)
-    spec, original = applied["spec"], example["spec"]
-    assert applied["metadata"] == {**example["metadata"], "namespace": "ns"}
-    for side in ("source", "sink"):
-        assert spec[side]["kafka"].pop("bootstrapServers") == "10.244.0.1:9999"
-        original[side]["kafka"].pop("bootstrapServers")
-        assert spec[side] == original[side]
-    assert spec["app"] == original["app"]
-    assert spec["checkpoint"]["path"] == CHECKPOINT
-    assert spec["volumes"] == [storage.volume()]
-    assert spec["image"] == "dstream:e2e"
+def test_the_suite_provides_what_the_example_names():
+    """The example is applied as written: the Service, claim and checkpoint directory the suite
+    makes are the ones the file names."""
+    example = Example.load()
+    assert example.job == yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+    assert example.service_port == 9092
+    assert example.checkpoint_volume == ("dstream-checkpoints", "checkpoints/kafka-wordcount")
+    assert example.topics == ("lines", "word-counts")
+    service, endpoints = broker_service("ns", 9092, "10.244.0.1", 40123)
+    assert service["metadata"] == endpoints["metadata"] == {"name": SERVICE, "namespace": "ns"}
+    assert "selector" not in service["spec"]
+    assert endpoints["subsets"] == [
+        {"addresses": [{"ip": "10.244.0.1"}], "ports": [{"port": 40123, "protocol": "TCP"}]}
+    ]
+    volume, claim = checkpoint_claim("ns", "dstream-checkpoints", "/node/kafka/run-1")
+    assert volume["spec"]["claimRef"] == {"namespace": "ns", "name": "dstream-checkpoints"}
+    assert claim["spec"]["volumeName"] == volume["metadata"]["name"]
+    assert volume["spec"]["hostPath"] == {"path": "/node/kafka/run-1"}
+
+
+def test_the_checkpoint_log_is_read_where_the_example_puts_it(tmp_path):
+    storage = HostPathStorage("/node", tmp_path, run="run-1", checkpoint="checkpoints/job")
+    log = tmp_path / "run-1" / "checkpoints" / "job" / "log"
+    log.mkdir(parents=True)
+    (log / "batch-1000.json").write_text("{}")
+    assert list(storage.log_entries()) == ["batch-1000.json"]
+    assert storage.node_path == "/node/run-1"
+
+
+def test_an_example_without_the_service_address_is_named():
+    example = Example.load()
+    spec = {**example.spec, "source": {"kafka": {"bootstrapServers": "10.0.0.1:9092"}}}
+    with pytest.raises(ValueError, match="no kafka:PORT in 10.0.0.1:9092"):
+        _ = Example(spec, example.job).service_port
 
 
 def test_a_lost_and_a_doubled_line_are_counted_by_their_own_words():
