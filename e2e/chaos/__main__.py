@@ -24,6 +24,7 @@ from e2e.chaos.cluster import (
     driver_selector,
     install_operator,
     operator_selector,
+    show_kubectl,
 )
 from e2e.chaos.faults import Chaos, Target
 from e2e.chaos.kafka import KafkaScenario, write_report
@@ -228,12 +229,7 @@ def diagnose(cluster: Cluster, args: argparse.Namespace) -> None:
         ["logs", "-n", args.namespace, "-l", driver_selector(JOB), "--tail", "60", "--prefix"],
         ["logs", "-n", args.operator_namespace, "-l", operator_selector(RELEASE), "--tail", "40"],
     ]
-    for command in commands:
-        say("$ kubectl " + " ".join(command))
-        try:
-            print(cluster.run_kubectl(*command).decode(errors="replace"), flush=True)
-        except Exception as error:
-            print(f"  ({error})", flush=True)
+    show_kubectl(cluster, commands, say)
 
 
 def report(chaos: Chaos, verdict: Verdict, max_drivers: int, path: Path | None) -> None:

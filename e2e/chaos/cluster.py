@@ -183,6 +183,17 @@ def render_chart(
     return crds, objects
 
 
+def show_kubectl(cluster: Cluster, commands: list[list[str]], say: Callable[[str], None]) -> None:
+    """Runs each kubectl command and prints its output (or its error): a failed run's
+    post-mortem, which must not fail itself."""
+    for command in commands:
+        say("$ kubectl " + " ".join(command))
+        try:
+            print(cluster.run_kubectl(*command).decode(errors="replace"), flush=True)
+        except Exception as error:
+            print(f"  ({error})", flush=True)
+
+
 def driver_selector(job: str) -> str:
     """The label selector of a job's driver pods (named per attempt, found by labels)."""
     return f"{JOB_LABEL}={job},{ROLE_LABEL}=driver"

@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 from dstream.spec import duration_ms
 
-from e2e.chaos.cluster import Cluster, wait_for
+from e2e.chaos.cluster import Cluster, driver_selector, show_kubectl, wait_for
 from e2e.chaos.faults import Chaos, Target
 from e2e.chaos.observer import Observer
 from e2e.chaos.storage import HostPathStorage
@@ -282,6 +282,7 @@ class KafkaScenario:
             self._faults(chaos, say)
         except Exception as error:
             verdict.problems.append(f"the Kafka run stopped early: {error}")
+            self._diagnose(job, say)
         feeder.stop()
         observer.stop()
         if feeder.failure:
@@ -304,10 +305,24 @@ class KafkaScenario:
             say(f"kafka: PROBLEM: {problem}")
         say(f"kafka: records={verdict.records} lost={verdict.lost} duplicated={verdict.duplicated}")
         self.cluster.run_kubectl(
-            "delete", "--namespace", self.namespace, "--ignore-not-found", "-f", str(EXAMPLE)
+            "delete",
+            "--namespace",
+            self.namespace,
+            "--ignore-not-found",
+            "--wait=false",
+            "-f",
+            str(EXAMPLE),
         )
         self.cluster.delete(provided)
         return verdict
+
+    def _diagnose(self, job: str, say) -> None:
+        """For a post-mortem: the namespace's pods and the job's last driver log lines."""
+        commands = [
+            ["get", "pods", "--namespace", self.namespace, "-o", "wide"],
+            ["logs", "-n", self.namespace, "-l", driver_selector(job), "--tail", "60", "--prefix"],
+        ]
+        show_kubectl(self.cluster, commands, say)
 
     @staticmethod
     def _faults(chaos: Chaos, say) -> None:
