@@ -59,7 +59,7 @@ exactly-once: setup debian-packages kafka
 # The soak (docs/fault-tolerance.md): 20 driver kills, 20 executor kills and a 20 s sink outage
 # on local-cluster[2,1,1024] while input arrives, output checked exactly against it, for each
 # feed: files -> files, Redis Streams -> PostgreSQL, Kafka -> Kafka (make test: the redis feed
-# at 3 + 3 and 5 s, the kafka feed at 2 + 2 and 3 s, the files feed with standby at 2 + 2).
+# at 2 + 2 and 5 s, the kafka feed at 2 + 2 and 3 s, the files feed with standby at 2 + 2).
 soak: setup debian-packages kafka
 	SOAK_FEEDS=files,redis,kafka SOAK_DRIVER_KILLS=20 SOAK_EXECUTOR_KILLS=20 SOAK_OUTAGE_S=20 \
 		$(BIN)/python -m pytest -s -ra tests/fault/test_soak.py

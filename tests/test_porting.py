@@ -18,6 +18,7 @@ from typing import Any
 import dstream
 import pytest
 from dstream.runtime.failure import FailurePolicy
+from running_driver import QUICK_JIT
 from streams import final_failure, manual_context, run_batches
 
 ROOT = Path(__file__).parent.parent
@@ -140,12 +141,13 @@ def test_a_failed_batch_raises_its_own_exception(sc):
 @pytest.mark.slow
 def test_failed_batches_surface_as_in_pyspark_streaming():
     """tests/programs/failing_batches.py: Spark's own test_dstream.py cases of failing
-    functions, in a process of their own (the last needs a SparkConf of its own)."""
+    functions, in a process of their own (the last needs a SparkConf of its own), its JVMs on
+    the quick JIT only, as the tests' drivers."""
     program = ROOT / "tests" / "programs" / "failing_batches.py"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
         [sys.executable, str(program)],
-        env={**env, "SPARK_LOCAL_IP": "127.0.0.1"},
+        env={**env, "SPARK_LOCAL_IP": "127.0.0.1", "JAVA_TOOL_OPTIONS": QUICK_JIT},
         capture_output=True,
         text=True,
         timeout=600,

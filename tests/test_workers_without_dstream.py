@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from running_driver import QUICK_JIT
 
 PROGRAM = Path(__file__).parent / "programs" / "keyed_operators.py"
 BATCHES = [["a", "b", "a"], ["b", "c"], ["a", "c", "c"], ["d"]]
@@ -54,8 +55,10 @@ def bare_python(tmp_path_factory) -> str:
 
 @pytest.mark.slow
 def test_keyed_and_windowed_operators_run_on_workers_without_dstream(bare_python, tmp_path):
+    """The program's JVMs run the quick JIT only, as the tests' drivers do (a run of seconds
+    never pays back the optimizing compiler's work)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(PYSPARK_PYTHON=bare_python, SPARK_LOCAL_IP="127.0.0.1")
+    env.update(PYSPARK_PYTHON=bare_python, SPARK_LOCAL_IP="127.0.0.1", JAVA_TOOL_OPTIONS=QUICK_JIT)
     done = subprocess.run(
         [sys.executable, str(PROGRAM), str(tmp_path / "checkpoint")],
         env=env,

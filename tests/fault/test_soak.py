@@ -38,10 +38,11 @@ must equal those of its input (harness.judge). One line per feed:
 (the phases of the restarted drivers' recovery timelines, runtime/timeline.py, in seconds after
 each kill).
 
-`make test` runs the redis feed with 3 + 3 kills, the kafka feed and files+standby with 2 + 2
-(CI_SIZES); `make soak` runs all three feeds with 20 + 20 and a 20 s outage, `make soak-standby`
-the same with standby drivers (SOAK_DRIVER_KILLS, SOAK_EXECUTOR_KILLS, SOAK_OUTAGE_S, SOAK_FEEDS; SOAK_DURATION_S
-stretches the runs over at least that many seconds; DSTREAM_FAULT_SEED replays a schedule).
+`make test` runs the redis and kafka feeds and files+standby with 2 + 2 kills (CI_SIZES); `make
+soak` runs all three feeds with 20 + 20 and a 20 s outage, `make soak-standby` the same with
+standby drivers (SOAK_DRIVER_KILLS, SOAK_EXECUTOR_KILLS, SOAK_OUTAGE_S, SOAK_FEEDS;
+SOAK_DURATION_S stretches the runs over at least that many seconds; DSTREAM_FAULT_SEED replays a
+schedule).
 Recovery is the time from a driver kill to the first batch the next run commits: without a
 standby it includes starting the JVM and both executors. With one, the line adds the kills that
 found the standby warm (`warm_kills`) and the recoveries measured after them
@@ -138,12 +139,13 @@ class Size:
 
 
 # make test's size per feed; SOAK_DRIVER_KILLS, SOAK_EXECUTOR_KILLS and SOAK_OUTAGE_S set every
-# feed's (make soak: 20, 20, 20). The kafka feed's is smaller: each of its driver runs also
-# waits for the broker's transaction coordinator, and make test has a time budget; so is a
-# feed with standby drivers: each run also waits for its standby to be warm.
+# feed's (make soak: 20, 20, 20). Two driver kills are the least that still give each CI run
+# what the soak proves (schedule): a kill at a random moment with executor kills and the sink's
+# outage in its run, a kill at a fault point, and a restart recovering from a restarted run's
+# checkpoint; make test has a time budget, and the many kills are make soak's.
 CI_SIZES = {
     "files": Size(3, 3, 5),
-    "redis": Size(3, 3, 5),
+    "redis": Size(2, 2, 5),
     "kafka": Size(2, 2, 3),
     "files+standby": Size(2, 2, 5),
 }
@@ -559,13 +561,16 @@ class Tally:
 
 
 def schedule(rng: random.Random, size: Size) -> list[Run]:
-    """size.driver_kills runs, each dying as DEATHS draws (at least one at a random moment); the
+    """size.driver_kills runs, each dying as DEATHS draws (at least one at a random moment, and
+    with two runs or more at least one at a fault point, so that even the CI size has both); the
     executor kills spread over the runs that die at a random moment (a run killed at a fault
     point may die before it gets to them); the outage in one of those runs. With a duration,
     the random deaths spread over it."""
     runs = [Run(rng.choice(DEATHS)) for _ in range(size.driver_kills)]
     if not any(r.death == "random" for r in runs):
         runs[0].death = "random"
+    elif len(runs) > 1 and all(r.death == "random" for r in runs):
+        runs[-1].death = rng.choice([death for death in DEATHS if death != "random"])
     for index, run in enumerate(runs, start=1):
         run.lives_s = DURATION_S * index / (len(runs) + 1)
         if run.death != "random":
@@ -832,3 +837,15 @@ def test_soak_under_driver_and_executor_kills_and_a_sink_outage(feed_type, tmp_p
     assert not problems, problems
     assert not verdict.mismatched_batches, verdict.mismatched_batches
     assert verdict.lost == 0 and verdict.duplicated == 0
+
+
+def test_every_schedule_of_two_kills_or_more_has_a_random_death_and_one_at_a_fault_point():
+    """What even the CI size proves: a kill at a random moment (which hosts the executor kills
+    and the outage) and one at a fault point, whatever the seed."""
+    for seed in range(300):
+        for kills in (2, 3, 20):
+            runs = schedule(random.Random(seed), Size(kills, kills, 5))
+            assert {run.death == "random" for run in runs} == {True, False}, (seed, runs)
+            assert sum(run.executor_kills for run in runs) == kills and any(
+                r.outage_s for r in runs
+            )
