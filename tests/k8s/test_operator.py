@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import signal
@@ -46,10 +47,12 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 import helm_python as helm
 import pytest
 import yaml
+from dstream_operator.handlers import POD_SELECTOR
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
@@ -94,6 +97,9 @@ class OperatorProcess:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        """Start it, unless it runs."""
+        if self.running():
+            return
         executable = Path(sys.executable).with_name("dstream-operator")
         ports = ("--liveness", "--metrics-port")
         command = [
@@ -933,3 +939,45 @@ def test_a_connector_password_reaches_the_driver_pod_from_a_secret(k8s: Harness)
         assert f"{executor_conf}=pg-credentials:password" in container.args
     finally:
         k8s.core.delete_namespaced_secret("pg-credentials", k8s.namespace)
+
+
+def audited(cluster: LocalCluster, resource: str, user: str) -> list[dict[str, Any]]:
+    """The API server's audit events (list and watch requests, local.sh's policy) about
+    `resource` by `user`, one per request (a watch's ResponseStarted, a list's
+    ResponseComplete)."""
+    events = [json.loads(line) for line in cluster.audit_log.read_text().splitlines() if line]
+    return [
+        event
+        for event in events
+        if (event.get("objectRef") or {}).get("resource") == resource
+        and event["user"]["username"] == user
+        and (event["stage"], event["verb"])
+        in (("ResponseStarted", "watch"), ("ResponseComplete", "list"))
+    ]
+
+
+def label_selector(event: dict[str, Any]) -> list[str] | None:
+    return parse_qs(urlsplit(event["requestURI"]).query).get("labelSelector")
+
+
+def test_the_operator_asks_the_api_server_for_its_pods_only(k8s: Harness):
+    """Seen by the API server itself (its audit log): every pod list and watch the operator
+    makes, as the chart's ServiceAccount, carries the label selector of driver and executor
+    pods, so the server sends it no other pod. The same log shows the scheduler's unfiltered
+    pod watch: an unfiltered request of the operator's would be seen."""
+    k8s.create_job("watched")
+    k8s.running_driver("watched")
+    account = render_chart(release=k8s.namespace, namespace=k8s.namespace)["ServiceAccount"]
+    user = f"system:serviceaccount:{k8s.namespace}:{account['metadata']['name']}"
+    requests = k8s.wait_for(
+        "the operator's pod watch in the audit log",
+        lambda: (
+            (found := audited(k8s.cluster, "pods", user))
+            and any(e["verb"] == "watch" for e in found)
+            and found
+        ),
+    )
+    for event in requests:
+        assert label_selector(event) == [POD_SELECTOR], event["requestURI"]
+    scheduler = audited(k8s.cluster, "pods", "system:kube-scheduler")
+    assert [e for e in scheduler if e["verb"] == "watch" and label_selector(e) is None]
