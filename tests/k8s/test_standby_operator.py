@@ -15,9 +15,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.k8s import test_operator
-from tests.k8s.test_operator import Harness
-from tests.k8s.test_platform import budgets
+from tests.k8s import test_operator, test_platform
+from tests.k8s.test_operator import CHECKPOINT_VOLUME, SPEC_HASH, Harness, crash_pod
+from tests.k8s.test_platform import budget_status, budgets, commit_a_batch
 
 pytestmark = pytest.mark.k8s
 
@@ -26,6 +26,7 @@ namespace = test_operator.namespace
 chart_release = test_operator.chart_release
 operator_process = test_operator.operator_process
 k8s = test_operator.k8s
+configured = test_platform.configured
 
 JOB = "pair"
 FIRST, SECOND, THIRD = (f"{JOB}-driver-{n}" for n in (1, 2, 3))  # a pod name per attempt
@@ -110,3 +111,128 @@ def test_a_standby_job_runs_two_drivers_and_replaces_a_lost_one_at_once(k8s: Har
         lambda: live_pods(k8s).keys() == {f"{JOB}-driver-4", f"{JOB}-driver-5"},
         timeout=2 * test_operator.WAIT_SECONDS,
     )
+
+
+# Two drivers of 250m fit the hollow node's one CPU: both run.
+SMALL_PAIR = {"cores": 1, "coresRequest": "250m", "memory": "512m", "standby": True}
+
+
+def running_pair(k8s: Harness, spec_hash: str, same: bool) -> dict[str, client.V1Pod]:
+    """The job's two driver pods once both Running, of a spec of that hash (or of another)."""
+    return k8s.wait_for(
+        f"two Running drivers {'of' if same else 'not of'} spec {spec_hash}",
+        lambda: (
+            len(pods := live_pods(k8s)) == 2
+            and all(
+                p.status.phase == "Running"
+                and (p.metadata.annotations[SPEC_HASH] == spec_hash) == same
+                for p in pods.values()
+            )
+            and pods
+        ),
+        timeout=2 * test_operator.WAIT_SECONDS,
+    )
+
+
+def test_a_standby_jobs_changed_spec_that_never_commits_is_rolled_back(configured: Harness):
+    """As for one driver (test_platform.py), with the pair: a changed spec's pod that fails
+    before the first batch fails the job (its partner runs the same spec), both restart; after
+    rollbackAfterFailures of them both drivers run the stable spec again. The failures are
+    one pod at a time, as two drivers crash in practice."""
+    k8s = configured
+    k8s.create_job(
+        JOB,
+        driver=SMALL_PAIR,
+        volumes=[CHECKPOINT_VOLUME],
+        checkpoint={"path": "/state/pair"},
+        upgrade={"rollbackOnFailure": True, "rollbackAfterFailures": 2},
+    )
+    first = running_pair(k8s, "", same=False)
+    hold_lease(k8s, first[SECOND])  # the leader: the pod commit_a_batch serves as (the newest)
+    stable = commit_a_batch(k8s, JOB)["stableSpecHash"]
+    assert {p.metadata.annotations[SPEC_HASH] for p in first.values()} == {stable}
+
+    k8s.patch_spec(JOB, {"source": {"type": "rate", "rate": {"recordsPerSecond": 500}}})
+    for failures in (1, 2):
+        broken = running_pair(k8s, stable, same=False)
+        crash_pod(k8s, min(broken.values(), key=lambda p: p.metadata.name))  # one of the two
+        if failures == 1:
+            status = k8s.wait_for(
+                "upgradeFailures 1",
+                lambda: (s := k8s.status(JOB)).get("upgradeFailures") == 1 and s,
+            )
+            assert status["restarts"] == 1
+    changed = next(iter(broken.values())).metadata.annotations[SPEC_HASH]
+
+    status = k8s.wait_for("rolled back", lambda: (s := k8s.status(JOB)).get("rolledBackFrom") and s)
+    assert (status["rolledBackFrom"], status["stableSpecHash"]) == (changed, stable)
+    assert "RolledBack" in k8s.event_reasons(JOB)
+    rolled = running_pair(k8s, stable, same=True)  # both drivers of the stable spec
+    assert all("--standby" in p.spec.containers[0].args for p in rolled.values())
+
+
+def evict(k8s: Harness, pod: client.V1Pod) -> None:
+    """The Eviction API (policy/v1beta1 on Kubernetes 1.20), as `kubectl drain` calls it."""
+    body = client.V1Eviction(
+        api_version="policy/v1beta1",
+        kind="Eviction",
+        metadata=client.V1ObjectMeta(name=pod.metadata.name, namespace=k8s.namespace),
+    )
+    k8s.core.create_namespaced_pod_eviction(pod.metadata.name, k8s.namespace, body)
+
+
+def mark_ready(k8s: Harness, pod: client.V1Pod) -> None:
+    """The pod's Ready condition as a passing readiness probe sets it (the hollow kubelet
+    takes it back within seconds)."""
+    current = k8s.core.read_namespaced_pod(pod.metadata.name, k8s.namespace)
+    conditions = [
+        {"type": c.type, "status": "True" if c.type in ("Ready", "ContainersReady") else c.status}
+        for c in current.status.conditions
+    ]
+    k8s.patch_pod_status(pod.metadata.name, {"conditions": conditions})
+
+
+def evict_the_standby(k8s: Harness, leader: client.V1Pod, standby: client.V1Pod) -> None:
+    """Evict the standby while the leader is Ready, as in a running job: the not-ready standby
+    may go while the budget has its healthy pod. The hollow kubelet takes the leader's
+    readiness back within seconds; a refusal that says so (0 healthy) is tried again."""
+    for _attempt in range(5):
+        mark_ready(k8s, leader)
+        k8s.wait_for(
+            "the disruption controller counts the Ready leader",
+            lambda: budget_status(k8s, LEASE).get("currentHealthy") == 1,
+        )
+        try:
+            evict(k8s, standby)
+            return
+        except ApiException as error:
+            if error.status != 429 or "has 0 currently" not in error.body:
+                raise
+    pytest.fail("the standby's eviction was refused every time")
+
+
+def test_the_pair_budget_lets_a_drain_evict_one_driver_at_a_time(k8s: Harness):
+    """The drivers' PodDisruptionBudget (minAvailable 1 of 2), enforced by the API server's
+    Eviction API with the status the disruption controller keeps: the standby may be evicted;
+    the leader then may not, while the standby's replacement is not ready."""
+    k8s.create_job(JOB, driver=SMALL_PAIR)
+    pods = running_pair(k8s, "", same=False)
+    leader, standby = pods[SECOND], pods[FIRST]
+    hold_lease(k8s, leader)
+    k8s.wait_for("the leader shown", lambda: roles(k8s).get("leader") == SECOND)
+    status = k8s.wait_for(
+        "the budget evaluated",
+        lambda: (s := budget_status(k8s, LEASE)).get("expectedPods") == 2 and s,
+    )
+    assert status["desiredHealthy"] == 1
+
+    evict_the_standby(k8s, leader, standby)
+    k8s.wait_for(
+        f"{FIRST} evicted and replaced by {THIRD}",
+        lambda: live_pods(k8s).keys() == {SECOND, THIRD},
+    )
+    with pytest.raises(ApiException) as refused:
+        evict(k8s, leader)
+    assert refused.value.status == 429
+    assert "disruption budget" in refused.value.body
+    assert SECOND in live_pods(k8s)  # not deleted
