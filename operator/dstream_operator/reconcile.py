@@ -10,9 +10,10 @@ leader, with two differences: a pod that ends while the other lives is replaced 
 counts no restart (the job did not stop: the survivor leads, or goes on standing by), and a
 pod missing beside a live one is created; except a pod of a changed spec that has yet to commit
 a batch (while `upgrade.rollbackOnFailure` can go back): its end is the job's failure, both
-restart, and the failures lead to a rollback as with one driver. When both are gone the job's restartPolicy applies as
-to a single driver; a spec change or a suspension stops both. A pod of the two that keeps
-dying is replaced under the restart backoff from its second replacement on (`DriverRoles`).
+restart, and the failures lead to a rollback as with one driver. When both are gone the job's
+restartPolicy applies as to a single driver; a spec change or a suspension stops both. A pod of
+the two that keeps dying is replaced under the restart backoff from its second replacement on
+(`DriverRoles`).
 
 Driver pods have a name per attempt (`<job>-driver-<n>`, resources.driver_name) and are told
 apart by what they are, not by name: a pod the operator stopped, or whose end it handled, that
