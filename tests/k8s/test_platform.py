@@ -29,6 +29,7 @@ from dstream_operator.resources import API_PORT, UI_PORT
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import NotFoundError
 
 from tests.api.fakejob import BATCH_MS, ZERO_MS, FakeJob
 from tests.k8s import test_operator
@@ -63,9 +64,16 @@ def budgets(k8s: Harness) -> Any:
     return dynamic.resources.get(api_version="policy/v1beta1", kind="PodDisruptionBudget")
 
 
+def budget(k8s: Harness, name: str) -> dict[str, Any] | None:
+    """The PodDisruptionBudget, or None before the operator has written it (after the pod)."""
+    try:
+        return budgets(k8s).get(name=name, namespace=k8s.namespace).to_dict()
+    except NotFoundError:
+        return None
+
+
 def budget_status(k8s: Harness, name: str) -> dict[str, Any]:
-    budget = budgets(k8s).get(name=name, namespace=k8s.namespace).to_dict()
-    return budget.get("status") or {}
+    return (budget(k8s, name) or {}).get("status") or {}
 
 
 def warnings_about(k8s: Harness, kind: str, name: str) -> list[client.CoreV1Event]:
