@@ -35,16 +35,16 @@ FIRST, SECOND, THIRD = (f"{JOB}-driver-{n}" for n in (1, 2, 3))  # a pod name pe
 LEASE = f"{JOB}-driver"  # the job's Lease, like its Service and its drivers' budget
 
 
-def live_pods(k8s: Harness) -> dict[str, client.V1Pod]:
+def live_pods(k8s: Harness, job: str = JOB) -> dict[str, client.V1Pod]:
     return {
         p.metadata.name: p
-        for p in k8s.pods(JOB)
+        for p in k8s.pods(job)
         if p.metadata.labels.get("dstream.dev/role") == "driver"
         and not p.metadata.deletion_timestamp
     }
 
 
-def hold_lease(k8s: Harness, holder: client.V1Pod) -> None:
+def hold_lease(k8s: Harness, holder: client.V1Pod, lease: str = LEASE) -> None:
     """Write the job's Lease as the driver pod `holder` does when it takes the lead."""
     api = client.CoordinationV1Api(k8s.cluster.api_client)
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -52,18 +52,18 @@ def hold_lease(k8s: Harness, holder: client.V1Pod) -> None:
     spec = {"holderIdentity": identity, "leaseDurationSeconds": 10, "renewTime": now}
     try:
         api.patch_namespaced_lease(
-            LEASE, k8s.namespace, {"spec": spec}, _content_type="application/merge-patch+json"
+            lease, k8s.namespace, {"spec": spec}, _content_type="application/merge-patch+json"
         )
     except ApiException as error:
         if error.status != 404:
             raise
-        body = {"metadata": {"name": LEASE}, "spec": spec}
+        body = {"metadata": {"name": lease}, "spec": spec}
         api.create_namespaced_lease(k8s.namespace, body)
 
 
-def roles(k8s: Harness) -> dict[str, str]:
+def roles(k8s: Harness, job: str = JOB) -> dict[str, str]:
     """status.driver's leader and standby (its replacement count is checked apart)."""
-    driver = k8s.status(JOB).get("driver") or {}
+    driver = k8s.status(job).get("driver") or {}
     return {role: driver[role] for role in ("leader", "standby") if role in driver}
 
 
@@ -115,27 +115,33 @@ def test_a_standby_job_runs_two_drivers_and_replaces_a_lost_one_at_once(k8s: Har
     )
 
 
+# A job of its own name: the Lease and budget of a deleted job of the same name may outlive it
+# (until the garbage collector's next pass).
+DRAINED = "drained"
+DRAINED_LEASE = f"{DRAINED}-driver"
 # Two drivers of 250m fit the hollow node's one CPU: both run.
 SMALL_PAIR = {"cores": 1, "coresRequest": "250m", "memory": "512m", "standby": True}
 
 
-def running_pair(k8s: Harness, spec_hash: str, same: bool) -> dict[str, client.V1Pod]:
+def running_pair(
+    k8s: Harness, spec_hash: str, same: bool, job: str = JOB
+) -> dict[str, client.V1Pod]:
     """The job's two driver pods once both Running, of a spec of that hash (or of another);
     failing, it says what the job's pods were."""
     try:
-        return _running_pair(k8s, spec_hash, same)
+        return _running_pair(k8s, spec_hash, same, job)
     except pytest.fail.Exception as failure:
         pods = [
-            (p.metadata.name, p.status.phase, p.metadata.deletion_timestamp) for p in k8s.pods(JOB)
+            (p.metadata.name, p.status.phase, p.metadata.deletion_timestamp) for p in k8s.pods(job)
         ]
-        pytest.fail(f"{failure}\npods (name, phase, deleted): {pods}\nstatus: {k8s.status(JOB)}")
+        pytest.fail(f"{failure}\npods (name, phase, deleted): {pods}\nstatus: {k8s.status(job)}")
 
 
-def _running_pair(k8s: Harness, spec_hash: str, same: bool) -> dict[str, client.V1Pod]:
+def _running_pair(k8s: Harness, spec_hash: str, same: bool, job: str) -> dict[str, client.V1Pod]:
     return k8s.wait_for(
         f"two Running drivers {'of' if same else 'not of'} spec {spec_hash}",
         lambda: (
-            len(pods := live_pods(k8s)) == 2
+            len(pods := live_pods(k8s, job)) == 2
             and all(
                 p.status.phase == "Running"
                 and (p.metadata.annotations[SPEC_HASH] == spec_hash) == same
@@ -218,7 +224,7 @@ def evict_the_standby(k8s: Harness, leader: client.V1Pod, standby: client.V1Pod)
         mark_ready(k8s, leader)
         k8s.wait_for(
             "the disruption controller counts the Ready leader",
-            lambda: budget_status(k8s, LEASE).get("currentHealthy") == 1,
+            lambda: budget_status(k8s, DRAINED_LEASE).get("currentHealthy") == 1,
         )
         try:
             evict(k8s, standby)
@@ -233,20 +239,23 @@ def test_the_pair_budget_lets_a_drain_evict_one_driver_at_a_time(k8s: Harness):
     """The drivers' PodDisruptionBudget (minAvailable 1 of 2), enforced by the API server's
     Eviction API with the status the disruption controller keeps: the standby may be evicted;
     the leader then may not, while the standby's replacement is not ready."""
-    k8s.create_job(JOB, driver=SMALL_PAIR)
-    pods = running_pair(k8s, "", same=False)  # named for attempts: a job of this name ran before
+    k8s.create_job(DRAINED, driver=SMALL_PAIR)
+    pods = running_pair(k8s, "", same=False, job=DRAINED)
     leader = newest(pods)
     (standby,) = [p for p in pods.values() if p is not leader]
-    hold_lease(k8s, leader)
-    k8s.wait_for("the leader shown", lambda: roles(k8s).get("leader") == leader.metadata.name)
+    hold_lease(k8s, leader, DRAINED_LEASE)
+    k8s.wait_for(
+        "the leader shown", lambda: roles(k8s, DRAINED).get("leader") == leader.metadata.name
+    )
     k8s.wait_for(  # minAvailable 1: the disruption controller has counted the budget
-        "the budget evaluated", lambda: budget_status(k8s, LEASE).get("desiredHealthy") == 1
+        "the budget evaluated",
+        lambda: budget_status(k8s, DRAINED_LEASE).get("desiredHealthy") == 1,
     )
 
     evict_the_standby(k8s, leader, standby)
-    assert standby.metadata.name not in live_pods(k8s)  # on its way out, or gone
+    assert standby.metadata.name not in live_pods(k8s, DRAINED)  # on its way out, or gone
     with pytest.raises(ApiException) as refused:
         evict(k8s, leader)
     assert refused.value.status == 429
     assert "disruption budget" in refused.value.body
-    assert leader.metadata.name in live_pods(k8s)  # not deleted
+    assert leader.metadata.name in live_pods(k8s, DRAINED)  # not deleted
