@@ -543,9 +543,24 @@ apiserver_node_flags() {
   fi
 }
 
+# Every list and watch request, with its URI and user (Metadata level: no bodies), so that tests
+# can see what a client asked the API server for (say, that a watch carried a labelSelector).
+write_audit_policy() {
+  cat >"${STATE_DIR}/audit-policy.yaml" <<'EOF'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    verbs: ["list", "watch"]
+  - level: None
+EOF
+}
+
 start_apiserver() {
   local pki="${STATE_DIR}/pki" node_flags
   read -r -a node_flags <<<"$(apiserver_node_flags)"
+  write_audit_policy
   start_component kube-apiserver "${BIN_DIR}/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:${ETCD_CLIENT_PORT}" \
     --bind-address "${APISERVER_HOST}" \
@@ -572,6 +587,10 @@ start_apiserver() {
     "${node_flags[@]}" \
     --kubelet-preferred-address-types InternalIP \
     --allow-privileged=true \
+    --audit-policy-file "${STATE_DIR}/audit-policy.yaml" \
+    --audit-log-path "${STATE_DIR}/logs/audit.log" \
+    --audit-log-maxsize 200 \
+    --audit-log-maxbackup 1 \
     --profiling=false \
     --v 1
   wait_for "kube-apiserver on ${APISERVER_URL} (/readyz)" kube-apiserver apiserver_ready
@@ -698,6 +717,7 @@ print_ready() {
   echo "api: ${APISERVER_URL}"
   echo "node: ${NODE_NAME}"
   echo "kubeconfig: ${STATE_DIR}/admin.kubeconfig"
+  echo "audit log: ${STATE_DIR}/logs/audit.log"
   echo "kubectl: $(kubectl_bin)"
 }
 

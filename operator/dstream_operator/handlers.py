@@ -33,6 +33,7 @@ from dstream_operator.supervisor import (
     owner_of,
     parse,
     stop_driver,
+    sweep_leftovers,
     sync_children,
 )
 
@@ -86,15 +87,18 @@ async def set_up(
     this is the namespace's first job. The supervisor does not wait for this: its first step
     writes the children a new driver needs itself, the driver pod first. This waits for that
     step (at most FIRST_STEP_SECONDS), and then finds nothing left to write: with many jobs
-    created at once, their children would otherwise be written before their drivers."""
+    created at once, their children would otherwise be written before their drivers. A job
+    that an earlier operator ran (it has a status) may have children this one would not make:
+    those are deleted (`sweep_leftovers`); a new job has none, and costs no look for them."""
     key = (meta["namespace"], meta["name"])
+    ran_before = bool(body.get("status"))  # read now: the first step writes one
     job, problems = parse(dict(body))
     if job is None:
         logger.warning("invalid spec, nothing set up: %s", "; ".join(problems))
     else:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(memo.book.memory(key).stepped.wait(), FIRST_STEP_SECONDS)
-        await write_children(body, key, memo, job)
+        await write_children(body, key, memo, job, sweep=ran_before)
         kopf.event(
             body,
             type="Normal",
@@ -106,13 +110,19 @@ async def set_up(
             announce_change(body, job, changed=None)
 
 
-async def write_children(body: kopf.Body, key: JobKey, memo: kopf.Memo, job: StreamingJob) -> None:
+async def write_children(
+    body: kopf.Body, key: JobKey, memo: kopf.Memo, job: StreamingJob, sweep: bool = False
+) -> None:
     """Bring the job's children to its spec, after its namespace's driver identity (whose Role
-    a user account's RoleBinding names); only what differs is written (`sync_children`)."""
+    a user account's RoleBinding names); only what differs is written (`sync_children`).
+    With `sweep`, what an earlier operator made that the job no longer has is deleted."""
     owner = owner_of(dict(body))
     await memo.book.identities.ensure(memo.kube, owner.namespace)
-    desired = resources.children(job, owner, memo.supervision.platform)
-    await sync_children(memo.kube, memo.book.memory(key), desired)
+    platform, memory = memo.supervision.platform, memo.book.memory(key)
+    desired = resources.children(job, owner, platform)
+    await sync_children(memo.kube, memory, desired)
+    if sweep:
+        await sweep_leftovers(memo.kube, memory, owner, desired, platform)
 
 
 def changed_unseen(body: kopf.Body) -> bool:

@@ -8,9 +8,12 @@ A job with `driver.standby` runs two driver pods; the job's Lease elects which o
 drivers hold it themselves, runtime/kube_lease.py). The pair is planned as one driver, the
 leader, with two differences: a pod that ends while the other lives is replaced at once and
 counts no restart (the job did not stop: the survivor leads, or goes on standing by), and a
-pod missing beside a live one is created. When both are gone the job's restartPolicy applies as
-to a single driver; a spec change or a suspension stops both. A pod of the two that keeps
-dying is replaced under the restart backoff from its second replacement on (`DriverRoles`).
+pod missing beside a live one is created; except a pod of a changed spec that has yet to commit
+a batch (while `upgrade.rollbackOnFailure` can go back): its end is the job's failure, both
+restart, and the failures lead to a rollback as with one driver. When both are gone the job's
+restartPolicy applies as to a single driver; a spec change or a suspension stops both. A pod of
+the two that keeps dying is replaced under the restart backoff from its second replacement on
+(`DriverRoles`).
 
 Driver pods have a name per attempt (`<job>-driver-<n>`, resources.driver_name) and are told
 apart by what they are, not by name: a pod the operator stopped, or whose end it handled, that
@@ -235,14 +238,7 @@ def _roll_back(seen: Observation, job: StreamingJob, step: Plan, ended: str) -> 
     `rollbackAfterFailures` of them, run the last spec that did. True if rolled back."""
     status, upgrade = step.status, job.spec.upgrade
     pod = _ended_pod(seen)
-    unproven = (
-        upgrade.rollback_on_failure
-        and status.stable_spec_hash is not None
-        and status.rolled_back_from is None
-        and pod is not None
-        and pod.spec_hash == seen.spec_hash != status.stable_spec_hash
-    )
-    if not unproven:
+    if pod is None or not _unproven(seen, status, pod):
         return False
     failures = status.upgrade_failures + 1
     if failures < upgrade.rollback_after_failures:
@@ -264,6 +260,19 @@ def _roll_back(seen: Observation, job: StreamingJob, step: Plan, ended: str) -> 
     step.restarted = True
     step.events.append(Event("Warning", "RolledBack", message))
     return True
+
+
+def _unproven(seen: Observation, status: JobStatus, pod: PodFacts) -> bool:
+    """Whether `pod` runs a changed spec that no driver has committed a batch of yet, while
+    a rollback to the last one that did is possible: its failure counts towards
+    `rollbackAfterFailures`."""
+    assert seen.job is not None
+    return (
+        seen.job.spec.upgrade.rollback_on_failure
+        and status.stable_spec_hash is not None
+        and status.rolled_back_from is None
+        and pod.spec_hash == seen.spec_hash != status.stable_spec_hash
+    )
 
 
 def ended_driver(seen: Observation) -> restarts.Termination | None:
@@ -422,12 +431,17 @@ def _plan_pair(seen: Observation) -> Plan:
         p for p in (seen.vanished, seen.second_vanished) if _unhandled_end(p, vanished=True)
     ]
     standby = seen.job.spec.driver.standby
-    if lead is not None and ended and standby:
+    status = _forget_old_rollback(seen)
+    failing = next((p for p in ended if _unproven(seen, status, p)), None)
+    if lead is not None and ended and standby and failing is None:
         step = _plan_driver(dataclasses.replace(seen, driver=lead, vanished=None))
         if step.stop_driver is None:
             _replace_lost(seen, lead, ended, step)
     else:  # planned as one driver: the leader, else the one whose end is to be handled
-        view = lead or next((p for p in present if p in ended), present[0] if present else None)
+        # (first a pod of an unproven changed spec: its partner runs the same spec and is
+        # no safety net, so its loss is the job's failure, counted towards a rollback)
+        view = failing if failing in present else lead
+        view = view or next((p for p in present if p in ended), present[0] if present else None)
         vanished = next((p for p in ended if p not in present), None)
         vanished = vanished or seen.vanished or seen.second_vanished
         step = _plan_driver(dataclasses.replace(seen, driver=view, vanished=vanished))

@@ -408,6 +408,19 @@ def children(job: StreamingJob, owner: Owner, platform: Platform) -> list[dict[s
     ]
 
 
+def optional_children(owner: Owner, platform: Platform) -> list[tuple[str, str, str, str]]:
+    """The children a job has or not by its spec or the operator's options (a user account's
+    RoleBinding, the budgets, the UI Ingress), as (apiVersion, kind, namespace, name): those an
+    earlier operator may have made that the job no longer has."""
+    ns, job = owner.namespace, owner.name
+    budgets = [disruption_budget_name(job, role) for role in DISRUPTED_ROLES]
+    return [
+        ("rbac.authorization.k8s.io/v1", "RoleBinding", ns, role_binding_name(job)),
+        *((platform.policy_version, "PodDisruptionBudget", ns, name) for name in budgets),
+        ("networking.k8s.io/v1", "Ingress", ns, service_name(job)),
+    ]
+
+
 def event(owner: Owner, type: str, reason: str, message: str, now: datetime) -> dict[str, Any]:
     """A core/v1 Event about the StreamingJob, as `kubectl describe sj` shows them."""
     stamp = now.isoformat().replace("+00:00", "Z")

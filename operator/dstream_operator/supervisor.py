@@ -385,6 +385,34 @@ async def sync_children(
         todo.record(memory.applied)
 
 
+async def sweep_leftovers(
+    kube: Kube,
+    memory: JobMemory,
+    owner: resources.Owner,
+    desired: list[dict[str, Any]],
+    platform: resources.Platform,
+) -> None:
+    """Delete the optional children (`resources.optional_children`) that an earlier operator
+    made and the job no longer has, because its spec or this operator's options changed while
+    none ran (the UI Ingress after `sparkUI.ingress` was turned off, a budget turned off).
+    What this process applied itself it deletes in `sync_children`. Only objects the job owns
+    are deleted: one of the same name made by hand is kept."""
+    wanted = {children.child_key(child) for child in desired}
+    candidates = resources.optional_children(owner, platform)
+    async with memory.children_lock:
+        await asyncio.gather(
+            *(delete_owned(kube, key, owner.uid) for key in candidates if key not in wanted)
+        )
+
+
+async def delete_owned(kube: Kube, key: ChildKey, owner_uid: str) -> None:
+    """Delete the object if it exists and `owner_uid` owns it (that very object: by its uid)."""
+    found = await kube.get(*key)
+    meta = (found or {}).get("metadata") or {}
+    if owner_uid in [ref.get("uid") for ref in meta.get("ownerReferences") or []]:
+        await kube.delete(*key, uid=meta["uid"])
+
+
 def prerequisites(desired: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The children a driver pod cannot start without: its ConfigMap (the job it runs),
     mounted when the kubelet starts it. The others (its Service, budgets, a user account's

@@ -231,4 +231,5 @@ def test_the_spark_ui_ingress_is_off_by_default_and_passed_to_the_operator_when_
         "--ui-ingress-annotation=nginx.ingress.kubernetes.io/auth-type=basic",
     ]
     rules = granted(one(render(), "ClusterRole")["rules"])
-    assert ("networking.k8s.io", "ingresses", "create") in rules
+    for verb in ("create", "patch", "delete"):  # delete: those made before the option went off
+        assert ("networking.k8s.io", "ingresses", verb) in rules

@@ -36,6 +36,7 @@ class LocalCluster:
     api_client: client.ApiClient
     node_name: str
     kubectl: str
+    audit_log: pathlib.Path  # the API server's: every list and watch request (local.sh)
 
     @property
     def core(self) -> client.CoreV1Api:
@@ -148,11 +149,11 @@ def k8s_cluster(request):
     if rc != 0:
         pytest.fail(f"`bash e2e/cluster/local.sh up` failed (exit {rc}):\n{output}", pytrace=False)
 
-    # `up` ends with "api: ...", "node: ...", "kubeconfig: ...", "kubectl: ..." lines.
+    # `up` ends with "api: ...", "node: ...", "kubeconfig: ...", "audit log: ...", "kubectl: ..."
     values = dict(
         line.split(": ", 1)
         for line in output.splitlines()
-        if line.startswith(("node: ", "kubeconfig: ", "kubectl: "))
+        if line.startswith(("node: ", "kubeconfig: ", "audit log: ", "kubectl: "))
     )
     kubeconfig = pathlib.Path(values.get("kubeconfig", str(STATE_DIR / "admin.kubeconfig")))
     api_client = config.new_client_from_config(config_file=str(kubeconfig))
@@ -162,6 +163,7 @@ def k8s_cluster(request):
             api_client=api_client,
             node_name=values.get("node", "127.0.0.1"),
             kubectl=values.get("kubectl", "kubectl"),
+            audit_log=pathlib.Path(values.get("audit log", str(STATE_DIR / "logs" / "audit.log"))),
         )
     finally:
         api_client.close()

@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import signal
@@ -46,10 +47,12 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 import helm_python as helm
 import pytest
 import yaml
+from dstream_operator.handlers import POD_SELECTOR
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
@@ -94,6 +97,9 @@ class OperatorProcess:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        """Start it, unless it runs."""
+        if self.running():
+            return
         executable = Path(sys.executable).with_name("dstream-operator")
         ports = ("--liveness", "--metrics-port")
         command = [
@@ -933,3 +939,52 @@ def test_a_connector_password_reaches_the_driver_pod_from_a_secret(k8s: Harness)
         assert f"{executor_conf}=pg-credentials:password" in container.args
     finally:
         k8s.core.delete_namespaced_secret("pg-credentials", k8s.namespace)
+
+
+def audited(cluster: LocalCluster, resource: str, user: str) -> list[dict[str, Any]]:
+    """The API server's audit events (list and watch requests, local.sh's policy) about
+    `resource` by `user`, one per request. Kubernetes 1.20 logs a watch when it ends."""
+    events = [json.loads(line) for line in cluster.audit_log.read_text().splitlines() if line]
+    return [
+        event
+        for event in events
+        if (event.get("objectRef") or {}).get("resource") == resource
+        and event["user"]["username"] == user
+        and event["stage"] == "ResponseComplete"
+    ]
+
+
+def label_selector(event: dict[str, Any]) -> list[str] | None:
+    return parse_qs(urlsplit(event["requestURI"]).query).get("labelSelector")
+
+
+def test_the_operator_asks_the_api_server_for_its_pods_only(k8s: Harness):
+    """Seen by the API server itself (its audit log): every pod list and watch the operator
+    made, as the chart's ServiceAccount, selected pods by their job label on the server: kopf's
+    watch the driver and executor pods of any job, the operator's own lists one job's drivers.
+    So the server sent it no other pod. The operator is stopped to end its watches (the log has
+    a watch once it ends). The same log has the scheduler's pod list without a label selector:
+    an unfiltered request of the operator's would be there too."""
+    k8s.create_job("watched")
+    k8s.running_driver("watched")
+    account = render_chart(release=k8s.namespace, namespace=k8s.namespace)["ServiceAccount"]
+    user = f"system:serviceaccount:{k8s.namespace}:{account['metadata']['name']}"
+    k8s.operator.stop()
+    try:
+        requests = k8s.wait_for(
+            "the operator's pod watch in the audit log",
+            lambda: (
+                (found := audited(k8s.cluster, "pods", user))
+                and any(e["verb"] == "watch" for e in found)
+                and found
+            ),
+        )
+    finally:
+        k8s.operator.start()
+    for event in requests:
+        (selector,) = label_selector(event) or [""]
+        assert selector.startswith(JOB_LABEL), event["requestURI"]
+        if event["verb"] == "watch":
+            assert selector == POD_SELECTOR, event["requestURI"]
+    scheduler = audited(k8s.cluster, "pods", "system:kube-scheduler")
+    assert [e for e in scheduler if e["verb"] == "list" and label_selector(e) is None]

@@ -1,10 +1,12 @@
 """A job with `driver.standby` under the operator as it ships, on the real API server: two driver
 pods with their own names (one per attempt) and executors, both electing through the job's Lease; the status
 names the Lease holder as leader; a lost pod is replaced at once without counting a restart; a
-spec change replaces both. On the hollow node nothing runs (see test_operator.py), so the
-Lease is written here as the drivers write it (their own election is tested for real in
-test_driver_lease.py); and the node's one CPU fits one 1-core driver, so the second pod may stay
-Pending, which changes nothing the operator decides.
+spec change replaces both; a changed spec that fails before its first batch is rolled back for
+both; the drivers' PodDisruptionBudget lets the Eviction API take one of the two at a time. On
+the hollow node nothing runs (see test_operator.py), so the Lease is written here as the
+drivers write it (their own election is tested for real in test_driver_lease.py); and the
+node's one CPU fits one 1-core driver, so the second pod may stay Pending, which changes
+nothing the operator decides (the later tests ask for 250m, and both run).
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.k8s import test_operator
-from tests.k8s.test_operator import Harness
-from tests.k8s.test_platform import budgets
+from tests.k8s import test_operator, test_platform
+from tests.k8s.test_operator import CHECKPOINT_VOLUME, SPEC_HASH, Harness, crash_pod
+from tests.k8s.test_platform import budget, budget_status, commit_a_batch
 
 pytestmark = pytest.mark.k8s
 
@@ -26,22 +28,23 @@ namespace = test_operator.namespace
 chart_release = test_operator.chart_release
 operator_process = test_operator.operator_process
 k8s = test_operator.k8s
+configured = test_platform.configured
 
 JOB = "pair"
 FIRST, SECOND, THIRD = (f"{JOB}-driver-{n}" for n in (1, 2, 3))  # a pod name per attempt
 LEASE = f"{JOB}-driver"  # the job's Lease, like its Service and its drivers' budget
 
 
-def live_pods(k8s: Harness) -> dict[str, client.V1Pod]:
+def live_pods(k8s: Harness, job: str = JOB) -> dict[str, client.V1Pod]:
     return {
         p.metadata.name: p
-        for p in k8s.pods(JOB)
+        for p in k8s.pods(job)
         if p.metadata.labels.get("dstream.dev/role") == "driver"
         and not p.metadata.deletion_timestamp
     }
 
 
-def hold_lease(k8s: Harness, holder: client.V1Pod) -> None:
+def hold_lease(k8s: Harness, holder: client.V1Pod, lease: str = LEASE) -> None:
     """Write the job's Lease as the driver pod `holder` does when it takes the lead."""
     api = client.CoordinationV1Api(k8s.cluster.api_client)
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -49,18 +52,18 @@ def hold_lease(k8s: Harness, holder: client.V1Pod) -> None:
     spec = {"holderIdentity": identity, "leaseDurationSeconds": 10, "renewTime": now}
     try:
         api.patch_namespaced_lease(
-            LEASE, k8s.namespace, {"spec": spec}, _content_type="application/merge-patch+json"
+            lease, k8s.namespace, {"spec": spec}, _content_type="application/merge-patch+json"
         )
     except ApiException as error:
         if error.status != 404:
             raise
-        body = {"metadata": {"name": LEASE}, "spec": spec}
+        body = {"metadata": {"name": lease}, "spec": spec}
         api.create_namespaced_lease(k8s.namespace, body)
 
 
-def roles(k8s: Harness) -> dict[str, str]:
+def roles(k8s: Harness, job: str = JOB) -> dict[str, str]:
     """status.driver's leader and standby (its replacement count is checked apart)."""
-    driver = k8s.status(JOB).get("driver") or {}
+    driver = k8s.status(job).get("driver") or {}
     return {role: driver[role] for role in ("leader", "standby") if role in driver}
 
 
@@ -74,8 +77,8 @@ def test_a_standby_job_runs_two_drivers_and_replaces_a_lost_one_at_once(k8s: Har
     assert all(lease_conf in a for a in args.values())
     assert f"spark.kubernetes.executor.podNamePrefix={SECOND}" in args[SECOND]
 
-    budget = budgets(k8s).get(name=LEASE, namespace=k8s.namespace).to_dict()
-    assert budget["spec"]["minAvailable"] == 1  # one of the two drivers at a time
+    pair_budget = k8s.wait_for("the drivers' budget", lambda: budget(k8s, LEASE))
+    assert pair_budget["spec"]["minAvailable"] == 1  # one of the two drivers at a time
     children = k8s.children(JOB)
     assert not children["Service"].spec.publish_not_ready_addresses  # the ready leader only
     shared = client.RbacAuthorizationV1Api(k8s.cluster.api_client).read_namespaced_role(
@@ -110,3 +113,149 @@ def test_a_standby_job_runs_two_drivers_and_replaces_a_lost_one_at_once(k8s: Har
         lambda: live_pods(k8s).keys() == {f"{JOB}-driver-4", f"{JOB}-driver-5"},
         timeout=2 * test_operator.WAIT_SECONDS,
     )
+
+
+# A job of its own name: the Lease and budget of a deleted job of the same name may outlive it
+# (until the garbage collector's next pass).
+DRAINED = "drained"
+DRAINED_LEASE = f"{DRAINED}-driver"
+# Two drivers of 250m fit the hollow node's one CPU: both run.
+SMALL_PAIR = {"cores": 1, "coresRequest": "250m", "memory": "512m", "standby": True}
+
+
+def running_pair(
+    k8s: Harness, spec_hash: str, same: bool, job: str = JOB
+) -> dict[str, client.V1Pod]:
+    """The job's two driver pods once both Running, of a spec of that hash (or of another);
+    failing, it says what the job's pods were."""
+    try:
+        return _running_pair(k8s, spec_hash, same, job)
+    except pytest.fail.Exception as failure:
+        pods = [
+            (p.metadata.name, p.status.phase, p.metadata.deletion_timestamp) for p in k8s.pods(job)
+        ]
+        pytest.fail(f"{failure}\npods (name, phase, deleted): {pods}\nstatus: {k8s.status(job)}")
+
+
+def _running_pair(k8s: Harness, spec_hash: str, same: bool, job: str) -> dict[str, client.V1Pod]:
+    return k8s.wait_for(
+        f"two Running drivers {'of' if same else 'not of'} spec {spec_hash}",
+        lambda: (
+            len(pods := live_pods(k8s, job)) == 2
+            and all(
+                p.status.phase == "Running"
+                and (p.metadata.annotations[SPEC_HASH] == spec_hash) == same
+                for p in pods.values()
+            )
+            and pods
+        ),
+        timeout=2 * test_operator.WAIT_SECONDS,
+    )
+
+
+def test_a_standby_jobs_changed_spec_that_never_commits_is_rolled_back(configured: Harness):
+    """As for one driver (test_platform.py), with the pair: a changed spec's pod that fails
+    before the first batch fails the job (its partner runs the same spec), both restart; after
+    rollbackAfterFailures of them both drivers run the stable spec again. The failures are
+    one pod at a time, as two drivers crash in practice."""
+    k8s = configured
+    k8s.create_job(
+        JOB,
+        driver=SMALL_PAIR,
+        volumes=[CHECKPOINT_VOLUME],
+        checkpoint={"path": "/state/pair"},
+        upgrade={"rollbackOnFailure": True, "rollbackAfterFailures": 2},
+    )
+    first = running_pair(k8s, "", same=False)
+    hold_lease(k8s, newest(first))  # the leader: the pod commit_a_batch serves as
+    stable = commit_a_batch(k8s, JOB)["stableSpecHash"]
+    assert {p.metadata.annotations[SPEC_HASH] for p in first.values()} == {stable}
+
+    k8s.patch_spec(JOB, {"source": {"type": "rate", "rate": {"recordsPerSecond": 500}}})
+    for failures in (1, 2):
+        broken = running_pair(k8s, stable, same=False)
+        crash_pod(k8s, min(broken.values(), key=lambda p: p.metadata.name))  # one of the two
+        if failures == 1:
+            status = k8s.wait_for(
+                "upgradeFailures 1",
+                lambda: (s := k8s.status(JOB)).get("upgradeFailures") == 1 and s,
+            )
+            assert status["restarts"] == 1
+    changed = next(iter(broken.values())).metadata.annotations[SPEC_HASH]
+
+    status = k8s.wait_for("rolled back", lambda: (s := k8s.status(JOB)).get("rolledBackFrom") and s)
+    assert (status["rolledBackFrom"], status["stableSpecHash"]) == (changed, stable)
+    assert "RolledBack" in k8s.event_reasons(JOB)
+    rolled = running_pair(k8s, stable, same=True)  # both drivers of the stable spec
+    assert all("--standby" in p.spec.containers[0].args for p in rolled.values())
+
+
+def newest(pods: dict[str, client.V1Pod]) -> client.V1Pod:
+    """The pod of the latest attempt (`<job>-driver-<n>`)."""
+    return max(pods.values(), key=lambda p: int(p.metadata.name.rsplit("-", 1)[1]))
+
+
+def evict(k8s: Harness, pod: client.V1Pod) -> None:
+    """The Eviction API (policy/v1beta1 on Kubernetes 1.20), as `kubectl drain` calls it."""
+    body = client.V1Eviction(
+        api_version="policy/v1beta1",
+        kind="Eviction",
+        metadata=client.V1ObjectMeta(name=pod.metadata.name, namespace=k8s.namespace),
+    )
+    k8s.core.create_namespaced_pod_eviction(pod.metadata.name, k8s.namespace, body)
+
+
+def mark_ready(k8s: Harness, pod: client.V1Pod) -> None:
+    """The pod's Ready condition as a passing readiness probe sets it (the hollow kubelet
+    takes it back within seconds)."""
+    current = k8s.core.read_namespaced_pod(pod.metadata.name, k8s.namespace)
+    conditions = [
+        {"type": c.type, "status": "True" if c.type in ("Ready", "ContainersReady") else c.status}
+        for c in current.status.conditions
+    ]
+    k8s.patch_pod_status(pod.metadata.name, {"conditions": conditions})
+
+
+def evict_the_standby(k8s: Harness, leader: client.V1Pod, standby: client.V1Pod) -> None:
+    """Evict the standby while the leader is Ready, as in a running job: the not-ready standby
+    may go while the budget has its healthy pod. The hollow kubelet takes the leader's
+    readiness back within seconds; a refusal that says so (0 healthy) is tried again."""
+    for _attempt in range(5):
+        mark_ready(k8s, leader)
+        k8s.wait_for(
+            "the disruption controller counts the Ready leader",
+            lambda: budget_status(k8s, DRAINED_LEASE).get("currentHealthy") == 1,
+        )
+        try:
+            evict(k8s, standby)
+            return
+        except ApiException as error:
+            if error.status != 429 or "has 0 currently" not in error.body:
+                raise
+    pytest.fail("the standby's eviction was refused every time")
+
+
+def test_the_pair_budget_lets_a_drain_evict_one_driver_at_a_time(k8s: Harness):
+    """The drivers' PodDisruptionBudget (minAvailable 1 of 2), enforced by the API server's
+    Eviction API with the status the disruption controller keeps: the standby may be evicted;
+    the leader then may not, while the standby's replacement is not ready."""
+    k8s.create_job(DRAINED, driver=SMALL_PAIR)
+    pods = running_pair(k8s, "", same=False, job=DRAINED)
+    leader = newest(pods)
+    (standby,) = [p for p in pods.values() if p is not leader]
+    hold_lease(k8s, leader, DRAINED_LEASE)
+    k8s.wait_for(
+        "the leader shown", lambda: roles(k8s, DRAINED).get("leader") == leader.metadata.name
+    )
+    k8s.wait_for(  # minAvailable 1: the disruption controller has counted the budget
+        "the budget evaluated",
+        lambda: budget_status(k8s, DRAINED_LEASE).get("desiredHealthy") == 1,
+    )
+
+    evict_the_standby(k8s, leader, standby)
+    assert standby.metadata.name not in live_pods(k8s, DRAINED)  # on its way out, or gone
+    with pytest.raises(ApiException) as refused:
+        evict(k8s, leader)
+    assert refused.value.status == 429
+    assert "disruption budget" in refused.value.body
+    assert leader.metadata.name in live_pods(k8s, DRAINED)  # not deleted

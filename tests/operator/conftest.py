@@ -54,6 +54,11 @@ RESOURCES: dict[str, dict[str, Any]] = {
         "singular": "poddisruptionbudget",
         "namespaced": True,
     },
+    "networking.k8s.io/v1/ingresses": {
+        "kind": "Ingress",
+        "singular": "ingress",
+        "namespaced": True,
+    },
     # kopf waits for these two in discovery before it starts watching
     "v1/namespaces": {"kind": "Namespace", "singular": "namespace", "namespaced": False},
     "apiextensions.k8s.io/v1/customresourcedefinitions": {

@@ -404,3 +404,38 @@ async def test_a_change_made_while_no_operator_ran_is_found_by_generation(
         lambda: {"SetUp", "Retrying", "SpecChanged"} <= {r for _, r, _ in events(operator)}
     )
     assert not current(operator, JOBS, "wc")["metadata"].get("annotations")  # no kopf state
+
+
+def owned_by(uid: str | None) -> dict:
+    return {"ownerReferences": [{"kind": "StreamingJob", "name": "wc", "uid": uid}]} if uid else {}
+
+
+@pytest_asyncio.fixture
+async def leftovers_of_an_earlier_operator(cluster) -> None:
+    """Before the operator starts: a job that ran (it has a status), whose executor budget was
+    turned off since, with the UI Ingress an operator with `--ui-ingress-host` made; and a
+    RoleBinding of the name the job would give one, made by hand (not owned by the job)."""
+    body = job_manifest(executor={"instances": 2, "disruptionBudget": {"enabled": False}})
+    body["status"] = {"phase": "Running", "observedGeneration": 1}
+    await create(cluster, body)
+    for resource, name, owner in [
+        ("networking.k8s.io/v1/ingresses", "wc-driver", "uid-wc"),
+        ("policy/v1/poddisruptionbudgets", "wc-executor", "uid-wc"),
+        ("rbac.authorization.k8s.io/v1/rolebindings", "wc-driver-account", None),
+    ]:
+        metadata = {"name": name, "namespace": "jobs", "uid": f"uid-{name}"} | owned_by(owner)
+        response = await cluster.post(path(resource), json={"metadata": metadata})
+        assert response.status == 200, await response.text()
+
+
+async def test_an_operator_deletes_the_children_an_earlier_one_left(
+    leftovers_of_an_earlier_operator, operator
+):
+    """Started without the UI Ingress option, it deletes the job's Ingress, and the budget the
+    spec no longer has; what the job does not own is kept."""
+    await wait_for(lambda: "SetUp" in {r for _, r, _ in events(operator)})
+    assert current(operator, "networking.k8s.io/v1/ingresses", "wc-driver") is None
+    assert current(operator, "policy/v1/poddisruptionbudgets", "wc-executor") is None
+    assert current(operator, "policy/v1/poddisruptionbudgets", "wc-driver") is not None
+    kept = current(operator, "rbac.authorization.k8s.io/v1/rolebindings", "wc-driver-account")
+    assert kept is not None

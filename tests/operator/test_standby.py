@@ -8,11 +8,12 @@ import os
 from datetime import timedelta
 
 import pytest
+import yaml
 from dstream.runtime import kube_lease
 from dstream.runtime.lease import KUBE_LEASE_KEY
 from dstream.spec import parse_job
 from dstream_operator import reconcile, resources, status
-from dstream_operator.resources import Owner, Platform
+from dstream_operator.resources import Owner, Platform, job_manifest
 from dstream_operator.status import JobStatus, PodFacts
 
 from tests.operator.test_status_and_restarts import NOW
@@ -229,6 +230,31 @@ def test_turning_the_standby_off_stops_the_pair_and_starts_one():
     single = job(standby=False)
     step = reconcile.plan(seen(single, driver=pod(FIRST), second=pod(SECOND), leader=FIRST))
     assert step.stop_driver == reconcile.STOP_SPEC_CHANGE
+
+
+def test_a_lost_pod_of_an_unproven_changed_spec_fails_the_job_and_leads_to_a_rollback():
+    """Its partner runs the same spec that never committed a batch: no safety net. Its loss
+    restarts both and counts towards rollbackAfterFailures (2 by default); replaced one by one,
+    a broken pair would never be rolled back."""
+    changed = job(batchInterval="4s")
+    stable_text = yaml.safe_dump(job_manifest(job())["spec"], sort_keys=True)
+    proven = JobStatus(
+        phase="Running", stable_spec=stable_text, stable_spec_hash=resources.spec_hash(job())
+    )
+    crashed = pod(FIRST, changed, phase="Failed", exit_code=1)
+    pair = dict(driver=crashed, second=pod(SECOND, changed, ready=True), leader=SECOND)
+    first = reconcile.plan(seen(changed, **pair, current=proven))
+    assert first.stop_driver == reconcile.STOP_ENDED and first.restarted  # both go
+    assert first.status.upgrade_failures == 1 and first.status.restarts == 1
+
+    second = reconcile.plan(seen(changed, **pair, current=first.status))
+    assert second.status.rolled_back_from == resources.spec_hash(changed)
+    assert "RolledBack" in [e.reason for e in second.events]
+    again = reconcile.plan(seen(changed, current=second.status))  # both pods gone
+    assert again.create_driver and again.run_job.spec == job().spec
+
+    replaced = reconcile.plan(seen(changed, **pair, current=JobStatus(phase="Running")))
+    assert not replaced.restarted and replaced.ended_pods == [FIRST]  # nothing to go back to
 
 
 def test_a_driver_pod_names_itself_in_the_lease_as_the_operator_reads_it(monkeypatch):
