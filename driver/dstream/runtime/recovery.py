@@ -13,7 +13,6 @@ import operator
 import shutil
 import threading
 from collections.abc import Callable
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +77,7 @@ class CheckpointRecovery:
         checkpoint: CheckpointDir,
         checkpoint_metadata: Callable[[int], dict[str, Any]] | None,
         fence: Fence | None = None,
-        verified: AbstractSet[str] = frozenset(),
+        verified: frozenset[str] = frozenset(),
         shadow: Shadow | None = None,
     ):
         self._sc = sc
@@ -111,7 +110,7 @@ class CheckpointRecovery:
             if self._shadow is not None:
                 self._shadow.discard()
             restored = self.restore_state(found.state_checkpoints(), found.torn)
-        self._require_replayable(found, restored)
+        self.require_replayable(found, restored)
         last = found.last_time if found.last_time is not None else self._graph.zero_ms
         recovery = Recovery(
             found.pending,
@@ -215,7 +214,7 @@ class CheckpointRecovery:
             rdd.partitioner = Partitioner(partitions, portable_hash)
         return rdd
 
-    def _require_replayable(self, found: LogState, restored: dict[str, int]) -> None:
+    def require_replayable(self, found: LogState, restored: dict[str, int]) -> None:
         """Refuse to go on when exact recovery is impossible, rather than emit wrong results: a
         batch record missing between others (its input is unknown), or a stateful stream with no
         readable state checkpoint while the log no longer reaches back to the first batch."""

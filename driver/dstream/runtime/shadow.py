@@ -58,7 +58,8 @@ class Shadow:
         self._graph = graph
         self._checkpoint = checkpoint
         self._recovery = CheckpointRecovery(sc, graph, checkpoint, None)
-        self.restored: dict[str, int] | None = None  # state restored at the start, by stream
+        # by stream, the time of the newest state checkpoint its state is held from
+        self.restored: dict[str, int] | None = None
         self.stepped_ms: int | None = None  # the last committed batch whose state it holds
         self.failure: str | None = None
 
@@ -102,6 +103,7 @@ class Shadow:
         self.restored = self._recovery.restore_state(found.state_checkpoints(), torn)
         if torn:
             raise ShadowStepError(f"state checkpoints unreadable: {', '.join(torn)}")
+        self._recovery.require_replayable(found, self.restored)
         self.stepped_ms = max(self.restored.values(), default=self._graph.zero_ms)
         log.info("standby: shadowing the leader from %s", datetime_of(self.stepped_ms))
         return True
@@ -137,6 +139,8 @@ class Shadow:
                 if rdd is None:
                     raise ShadowStepError(f"state checkpoint {entry['path']} unreadable")
                 stream._restore(time_ms, rdd)
+            if not data.durable_batches and self.restored is not None:
+                self.restored[index] = entry["time"]  # its state is held from there on
             data.keep(*kept)
 
     def usable(self, found: LogState) -> bool:
@@ -166,7 +170,8 @@ class Shadow:
     def take_over(self, found: LogState) -> dict[str, int]:
         """Lead from the shadowed state: the checkpoints of the commits it did not compute are
         kept in force (their batches' state is computed by the first batch, from the state the
-        shadow holds); the graph writes checkpoints again. The state restored at its start."""
+        shadow holds); the graph writes checkpoints again. The time of the newest state
+        checkpoint of each stateful stream, as recovery reports the state it restored."""
         assert self.restored is not None and self.stepped_ms is not None
         behind = sorted(t for t in found.commits if t > self.stepped_ms)
         for time_ms in behind:
