@@ -52,6 +52,7 @@ ROUNDS = int(os.environ.get("STANDBY_ROUNDS", "1"))
 STEP_TIMEOUT_S = 240
 LEASE_CONF = ("--conf", f"spark.dstream.lease.durationSeconds={LEASE_S}")
 TIMELINE = re.compile(r"recovery timeline: phase=(\w+) at=([\d.]+)")
+SHADOWED = "standby: taking over with the state it shadowed"
 
 
 def is_batch(text: str) -> bool:
@@ -97,7 +98,11 @@ class Takeovers:
             for line in driver.lines
             if (m := TIMELINE.search(line.text)) and float(m.group(2)) >= fault_at
         ]
-        self.lines.append(f"{kind}: first batch +{took:.1f}s ({', '.join(phases)})")
+        shadowed = any(SHADOWED in line.text for line in driver.lines)
+        self.lines.append(
+            f"{kind}: first batch +{took:.1f}s{' from its shadow' if shadowed else ''} "
+            f"({', '.join(phases)})"
+        )
 
     def summary(self) -> str:
         figures = " ".join(
@@ -256,7 +261,7 @@ def test_a_standby_takes_over_from_the_state_it_shadowed_output_exact(job, caplo
     leader.stop(stopSparkContext=False)
     ssc = standby.leads()
     assert standby.shadow.stepped_ms == job.now_ms
-    assert "taking over with the state it shadowed" in caplog.text
+    assert SHADOWED in caplog.text
     assert ssc._scheduler.recovery.restored_state  # what the shadow restored at its start
     job.run(ssc, 4)
     ssc.stop(stopSparkContext=False)
