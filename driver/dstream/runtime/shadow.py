@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from dstream.runtime.checkpoint import CheckpointDir, LogState
+from dstream.runtime.checkpoint import CheckpointDir, LogState, local_path
 from dstream.runtime.recovery import CheckpointRecovery
 from dstream.runtime.timeutil import datetime_of
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from pyspark import SparkContext
 
+    from dstream.dstream import DStream
     from dstream.runtime.graph import DStreamGraph
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class Shadow:
         graph: DStreamGraph,
         checkpoint: CheckpointDir,
     ):
+        self._sc = sc
         self._graph = graph
         self._checkpoint = checkpoint
         self._recovery = CheckpointRecovery(sc, graph, checkpoint, None)
@@ -116,10 +118,10 @@ class Shadow:
         if record is not None:
             self._recovery.replay(time_ms, record)
         self._keep_checkpoints(found.commits[time_ms], time_ms)
-        for stream in self._graph.stateful_streams():
-            rdd = stream.getOrCompute(time_ms)
-            if rdd is not None:
-                rdd.count()
+        stateful = [stream.getOrCompute(time_ms) for stream in self._graph.stateful_streams()]
+        rdds = [rdd for rdd in stateful if rdd is not None]
+        if rdds:  # one job computes (and caches) them all
+            self._sc.union(rdds).count()
         self._graph.clear_metadata(time_ms)
         self.stepped_ms = time_ms
 
@@ -134,14 +136,22 @@ class Shadow:
             if kept in data.in_force:
                 continue
             if entry["time"] == time_ms and not data.durable_batches:
-                torn: list[str] = []
-                rdd = self._recovery.read_checkpoint(stream, entry["path"], torn)
-                if rdd is None:
-                    raise ShadowStepError(f"state checkpoint {entry['path']} unreadable")
-                stream._restore(time_ms, rdd)
+                self._restore(stream, entry["path"], time_ms)
             if not data.durable_batches and self.restored is not None:
                 self.restored[index] = entry["time"]  # its state is held from there on
             data.keep(*kept)
+
+    def _restore(self, stream: DStream, path: str, time_ms: int) -> None:
+        """The stream's state of time_ms from the leader's checkpoint of it. One the leader has
+        pruned already (the shadow lags behind a leader catching up) is computed instead, its
+        lineage cut at a later one; one that is there but unreadable ends the shadow."""
+        if not local_path(path).exists():
+            log.info("standby: state checkpoint %s pruned already: computing it instead", path)
+            return
+        rdd = self._recovery.read_checkpoint(stream, path, [])
+        if rdd is None:
+            raise ShadowStepError(f"state checkpoint {path} unreadable")
+        stream._restore(time_ms, rdd)
 
     def usable(self, found: LogState) -> bool:
         """Whether a takeover can start from the shadow: it never failed, and every checkpoint
