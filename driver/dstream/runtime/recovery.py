@@ -310,8 +310,12 @@ class CheckpointFollower:
 
     def _shadowed(self) -> str:
         """How far the shadow got, for the log."""
-        if self.shadow is None or self.shadow.stepped_ms is None:
-            return ", not shadowing" if self.shadow is None else ", nothing committed to shadow"
+        if self.shadow is None:
+            return ", not shadowing"
+        if self.shadow.failure is not None:
+            return ", shadow failed"
+        if self.shadow.stepped_ms is None:
+            return ", nothing committed to shadow yet"
         return f", state shadowed up to {datetime_of(self.shadow.stepped_ms)}"
 
     def _read_checkpoint(self) -> None:

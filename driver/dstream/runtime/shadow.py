@@ -93,7 +93,8 @@ class Shadow:
 
     def _start(self, found: LogState) -> bool:
         """Restore state from the checkpoint as recovery does; False while the leader has
-        committed nothing yet (there is nothing to shadow)."""
+        committed nothing yet (there is nothing to shadow), or when it pruned a checkpoint
+        while the shadow read it (the next round starts again from newer ones)."""
         metadata = self._checkpoint.read_metadata()
         if metadata is None or not found.commits:
             return False
@@ -102,11 +103,16 @@ class Shadow:
         for time_ms in sorted(found.records):
             self._recovery.replay(time_ms, found.records[time_ms])
         torn: list[str] = []
-        self.restored = self._recovery.restore_state(found.state_checkpoints(), torn)
+        restored = self._recovery.restore_state(found.state_checkpoints(), torn)
+        if any(not local_path(path).exists() for path in torn):
+            log.info("standby: the leader pruned a state checkpoint as it was read: next round")
+            self._graph.forget_state()
+            return False
         if torn:
             raise ShadowStepError(f"state checkpoints unreadable: {', '.join(torn)}")
-        self._recovery.require_replayable(found, self.restored)
-        self.stepped_ms = max(self.restored.values(), default=self._graph.zero_ms)
+        self._recovery.require_replayable(found, restored)
+        self.restored = restored
+        self.stepped_ms = max(restored.values(), default=self._graph.zero_ms)
         log.info("standby: shadowing the leader from %s", datetime_of(self.stepped_ms))
         return True
 
