@@ -291,7 +291,8 @@ class CheckpointFollower:
         except Exception as error:  # only slower to take over: worth a warning, not a stop
             log.warning("standby: warm-up failed, following without it (%s)", error)
         try:
-            self._round()
+            while self._round() and not self._stop.is_set():  # warm: caught up with the leader
+                pass
             log.info(
                 "standby: warm, following %s (%d state checkpoints read through%s)",
                 self._checkpoint.path,
@@ -303,10 +304,10 @@ class CheckpointFollower:
         except Exception as error:  # stopped under it: recovery reads what it needs itself
             log.info("standby: stopped following the checkpoint (%s)", error)
 
-    def _round(self) -> None:
+    def _round(self) -> int:
+        """One round of following; how many committed batches the shadow computed."""
         self._read_checkpoint()
-        if self.shadow is not None:
-            self.shadow.catch_up(self._stop)
+        return self.shadow.catch_up(self._stop) if self.shadow is not None else 0
 
     def _shadowed(self) -> str:
         """How far the shadow got, for the log."""

@@ -65,24 +65,27 @@ class Shadow:
         self.stepped_ms: int | None = None  # the last committed batch whose state it holds
         self.failure: str | None = None
 
-    def catch_up(self, stop: threading.Event) -> None:
-        """Compute every batch the leader committed since the last call. A failure ends the
-        shadow (the takeover restores from the checkpoint); a stop (the lead taken, its job
-        cancelled) leaves it at the last batch it completed."""
+    def catch_up(self, stop: threading.Event) -> int:
+        """Compute every batch the leader committed since the last call; how many. A failure
+        ends the shadow (the takeover restores from the checkpoint); a stop (the lead taken,
+        its job cancelled) leaves it at the last batch it completed."""
         if self.failure is not None:
-            return
+            return 0
+        stepped = 0
         try:
             found = self._checkpoint.load_log(tidy=False)
             if self.restored is None and not self._start(found):
-                return
+                return 0
             assert self.stepped_ms is not None
             for time_ms in sorted(t for t in found.commits if t > self.stepped_ms):
                 if stop.is_set():
-                    return
+                    return stepped
                 self._step(time_ms, found)
+                stepped += 1
+            return stepped
         except Exception as error:
             if stop.is_set():
-                return
+                return stepped
             self.failure = f"{type(error).__name__}: {(str(error) or '-').splitlines()[0]}"
             log.warning(
                 "standby: shadowing the leader failed after %s (%s); a takeover restores state "
@@ -90,6 +93,7 @@ class Shadow:
                 datetime_of(self.stepped_ms) if self.stepped_ms is not None else "its start",
                 self.failure,
             )
+            return stepped
 
     def _start(self, found: LogState) -> bool:
         """Restore state from the checkpoint as recovery does; False while the leader has
