@@ -186,9 +186,13 @@ class DStream:
         """The RDD the stream keeps for `time_ms`: persisted, and written as a durable batch
         or marked for a state checkpoint when one is due."""
         graph = self._ssc._graph
-        if self.checkpoint_data.durable_batches and graph.checkpoint_path is not None:
+        if self.checkpoint_data.durable_batches and graph.writes_checkpoints:
             rdd = graph.write_durably(self, rdd, time_ms)
-        elif self._checkpoint_ms and (time_ms - graph.zero_ms) % self._checkpoint_ms == 0:
+        elif (
+            self._checkpoint_ms
+            and not graph.shadowing
+            and (time_ms - graph.zero_ms) % self._checkpoint_ms == 0
+        ):
             graph.mark_for_checkpoint(self, rdd, time_ms)
         if self._storage_level is not None and not rdd.is_cached:
             rdd.persist(self._storage_level)
@@ -225,6 +229,14 @@ class DStream:
                 rdd = self._generated.pop(t)
                 if rdd.is_cached and not self._ssc._graph.keeps_checkpoint(rdd):
                     rdd.unpersist(blocking=False)
+
+    def _forget(self) -> None:
+        """Forget (and unpersist) every RDD the stream holds."""
+        with self._lock:
+            for rdd in self._generated.values():
+                if rdd.is_cached:
+                    rdd.unpersist(blocking=False)
+            self._generated.clear()
 
     def _slice_times(self, begin_ms: int, end_ms: int) -> list[int]:
         zero, slide = self._ssc._graph.zero_ms, self._slide_ms

@@ -356,19 +356,26 @@ class InProcessJob:
         self.batch_ms = job.batch_s * 1000
         self.now_ms = 0
 
+    def context(self) -> Any:
+        """A new StreamingContext on the job's checkpoint, on a manual clock, not started."""
+        from dstream.runtime.clock import ManualClock
+        from dstream.service.job import build_context
+        from dstream.spec import load_job
+
+        ssc = build_context(load_job(self.job.manifest), self.sc)
+        ssc._clock = ManualClock(self.now_ms)
+        return ssc
+
     def start(self) -> Any:
         """A new StreamingContext on the job's checkpoint, started. The session's SparkContext
         was not made from the spec, so the spec's failurePolicy is handed to the scheduler
         here: it governs every batch the clock brings (a batch replayed at start, which runs
         at once, may begin under the default policy)."""
-        from dstream.runtime.clock import ManualClock
         from dstream.runtime.failure import FailurePolicy
-        from dstream.service.job import build_context
         from dstream.spec import load_job
 
         spec = load_job(self.job.manifest)
-        ssc = build_context(spec, self.sc)
-        ssc._clock = ManualClock(self.now_ms)
+        ssc = self.context()
         ssc.start()
         policy = spec.spec.failure_policy
         ssc._scheduler.failure_policy = FailurePolicy(

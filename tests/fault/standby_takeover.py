@@ -6,7 +6,8 @@ full JIT, as on pods. For each kill: wait for the standby to be warm and for two
 leader on time, SIGKILL the leader's process group a random 0-5 s after its batch, and print a
 JSON line with the machine's load, the standby's timeline phases after the kill and its first
 three batches: when each was due and committed (seconds after the kill), its processing time
-and its delay (commit minus batch time; a live leader's is its processing time). Spark's event
+and its delay (commit minus batch time; a live leader's is its processing time), and whether
+it took over from the state it shadowed (runtime/shadow.py). Spark's event
 log of every driver is kept under DIR/events (jobs, stages, tasks).
 
     .venv/bin/python tests/fault/standby_takeover.py DIR [--kills N] [--baseline-code DIR2]
@@ -131,6 +132,7 @@ def takeover(leader: Driver, standby: Driver, number: int) -> dict[str, object]:
         "load1": round(load, 1),
         "leader_processing": steady[-3:],
         "phases": phases,
+        "shadowed": any("taking over with the state it shadowed" in x.text for x in standby.lines),
         "batches": batch_figures(standby, after, killed)[:3],
     }
 

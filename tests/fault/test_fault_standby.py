@@ -20,16 +20,31 @@ phases of its recovery timeline (runtime/timeline.py); a `takeover:` line sums t
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
-from fault.harness import RateJob, fault_seed, verify, wait_until
+from dstream import StreamingContext
+from dstream.runtime.checkpoint import CheckpointDir
+from dstream.runtime.shadow import Shadow
+from fault.harness import (
+    InProcessJob,
+    RateJob,
+    fault_rng,
+    fault_seed,
+    truncate_at_random_byte,
+    verify,
+    wait_until,
+)
+from fault.test_fault_checkpoint import assert_exact
 from running_driver import Driver, free_port
 
 LEASE_S = 5
@@ -37,6 +52,7 @@ ROUNDS = int(os.environ.get("STANDBY_ROUNDS", "1"))
 STEP_TIMEOUT_S = 240
 LEASE_CONF = ("--conf", f"spark.dstream.lease.durationSeconds={LEASE_S}")
 TIMELINE = re.compile(r"recovery timeline: phase=(\w+) at=([\d.]+)")
+SHADOWED = "standby: taking over with the state it shadowed"
 
 
 def is_batch(text: str) -> bool:
@@ -82,7 +98,11 @@ class Takeovers:
             for line in driver.lines
             if (m := TIMELINE.search(line.text)) and float(m.group(2)) >= fault_at
         ]
-        self.lines.append(f"{kind}: first batch +{took:.1f}s ({', '.join(phases)})")
+        shadowed = any(SHADOWED in line.text for line in driver.lines)
+        self.lines.append(
+            f"{kind}: first batch +{took:.1f}s{' from its shadow' if shadowed else ''} "
+            f"({', '.join(phases)})"
+        )
 
     def summary(self) -> str:
         figures = " ".join(
@@ -181,3 +201,92 @@ def signal_group(driver: Driver, sig: int) -> None:
         os.killpg(driver.pid, sig)
     except ProcessLookupError:
         pass
+
+
+# -- the standby's shadow of its leader, in this process ------------------------------------
+
+
+@pytest.fixture
+def job(sc, tmp_path) -> InProcessJob:
+    """test_fault_checkpoint's job: 1 s batches, a 5 s incremental window (durable batches),
+    state checkpoints every 2 s, on the session's SparkContext and a manual clock."""
+    return InProcessJob(
+        sc, RateJob(tmp_path, batch_s=1, partitions=1, window_s=5, checkpoint_interval_s=2)
+    )
+
+
+class InProcessStandby:
+    """A standby StreamingContext of the job on the same SparkContext, started in a thread (a
+    standby's start returns only once it leads)."""
+
+    def __init__(self, job: InProcessJob):
+        self._job = job
+        self.ssc = job.context()
+        self._thread = threading.Thread(target=self.ssc.start, kwargs={"standby": True})
+        self._thread.start()
+
+    @property
+    def shadow(self) -> Shadow:
+        def started() -> Shadow | None:
+            scheduler = self.ssc._scheduler
+            follower = scheduler._follower if scheduler is not None else None
+            return follower.shadow if follower is not None else None
+
+        return wait_until(started, STEP_TIMEOUT_S)
+
+    def wait_until_shadowed(self, time_ms: int) -> None:
+        shadow = self.shadow
+        wait_until(lambda: shadow.failure or (shadow.stepped_ms or 0) >= time_ms, STEP_TIMEOUT_S)
+        assert shadow.failure is None, shadow.failure
+
+    def leads(self) -> StreamingContext:
+        self._thread.join(STEP_TIMEOUT_S)
+        assert not self._thread.is_alive(), "the standby did not take the lead"
+        clock = self.ssc._clock  # to the job's time, which the leader's clock brought on
+        clock.advance(self._job.now_ms - clock.now_ms())
+        return self.ssc
+
+
+def test_a_standby_takes_over_from_the_state_it_shadowed_output_exact(job, caplog):
+    """The standby computes each batch the leader commits (its state checkpoints read where
+    the leader wrote them, no file of its own written); when the leader stops it leads from
+    that state, without restoring it from the checkpoint, and the output stays exact."""
+    caplog.set_level(logging.INFO, logger="dstream")
+    leader = job.start()
+    job.run(leader, 2)
+    standby = InProcessStandby(job)
+    standby.wait_until_shadowed(job.now_ms)
+    job.run(leader, 5)  # state checkpoints at 4 and 6 s
+    standby.wait_until_shadowed(job.now_ms)
+    leader.stop(stopSparkContext=False)
+    ssc = standby.leads()
+    assert standby.shadow.stepped_ms == job.now_ms
+    assert SHADOWED in caplog.text
+    assert ssc._scheduler.recovery.restored_state  # what the shadow restored at its start
+    job.run(ssc, 4)
+    ssc.stop(stopSparkContext=False)
+    assert_exact(job)
+
+
+def test_a_standby_whose_shadow_failed_restores_state_from_the_checkpoint(job, caplog):
+    """The newest state checkpoint torn before the standby starts: its shadow cannot restore
+    the leader's state and gives up; the takeover restores from the checkpoint as without a
+    shadow (the torn checkpoint skipped, the previous one serves), and the output stays
+    exact."""
+    caplog.set_level(logging.INFO, logger="dstream")
+    leader = job.start()
+    job.run(leader, 6)  # state checkpoints at 2, 4 and 6 s
+    found = CheckpointDir(job.job.checkpoint).load_log().state_checkpoints()
+    state = next(s for s in leader._graph.streams if type(s).__name__ == "StateDStream")
+    torn_time, torn_path = found[str(state._index)][0]
+    assert torn_time == job.now_ms
+    truncate_at_random_byte(Path(torn_path.removeprefix("file:")) / "part-00000", fault_rng())
+    standby = InProcessStandby(job)
+    wait_until(lambda: standby.shadow.failure, STEP_TIMEOUT_S)
+    leader.stop(stopSparkContext=False)
+    ssc = standby.leads()
+    assert "taking over without the shadowed state" in caplog.text
+    assert ssc._scheduler.recovery.torn_files == [torn_path]
+    job.run(ssc, 3)
+    ssc.stop(stopSparkContext=False)
+    assert_exact(job)

@@ -129,6 +129,11 @@ class CheckpointData:
         self._in_force.append((time_ms, path))
         del self._in_force[: -self.checkpoints_kept()]
 
+    def forget_in_force(self) -> None:
+        """No checkpoint is in force any more (a standby's shadow given up: recovery keeps
+        them again as it restores them)."""
+        self._in_force.clear()
+
     def checkpoints_kept(self) -> int:
         """How many of its newest checkpoints stay in force: two for state (if the newest is
         torn, the older serves), or every batch a restarted window may still subtract."""

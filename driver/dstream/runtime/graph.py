@@ -135,6 +135,9 @@ class DStreamGraph:
         self.checkpoint_path: Path | None = None
         self._deadletter_fallback: Path | None = None
         self.coalesced: set[int] = set()  # batch times merged into a later batch (scheduler.py)
+        # A standby computing its leader's batches (shadow.py): it writes no state checkpoint
+        # and no durable batch, as the leader writes them into the same checkpoint.
+        self.shadowing = False
         self._rdd_writes: list[threading.Thread] = []
 
     # -- pickling into the checkpoint -----------------------------------------------------
@@ -244,7 +247,20 @@ class DStreamGraph:
             source.forget_before(horizon)
         self.coalesced = {t for t in self.coalesced if t >= horizon}
 
+    def forget_state(self) -> None:
+        """Drop (and unpersist) every RDD the streams hold and the checkpoints they keep in
+        force: a standby's shadow given up, before recovery restores state from the checkpoint."""
+        for stream in self.streams:
+            stream._forget()
+            stream.checkpoint_data.forget_in_force()
+
     # -- state checkpoints --------------------------------------------------------------
+
+    @property
+    def writes_checkpoints(self) -> bool:
+        """Whether the streams' RDDs are written to the job's checkpoint (state checkpoints,
+        durable batches): when it has one and this driver is not shadowing its leader."""
+        return self.checkpoint_path is not None and not self.shadowing
 
     def mark_for_checkpoint(self, stream: DStream, rdd: RDD, time_ms: int) -> None:
         """Checkpoint to reliable storage when the job has a checkpoint path, else locally."""

@@ -35,6 +35,7 @@ from dstream.runtime.timeutil import datetime_of
 if TYPE_CHECKING:
     from dstream.dstream import DStream
     from dstream.runtime.graph import DStreamGraph
+    from dstream.runtime.shadow import Shadow
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +75,10 @@ class CheckpointRecovery:
         sc: SparkContext,
         graph: DStreamGraph,
         checkpoint: CheckpointDir,
-        checkpoint_metadata: Callable[[int], dict[str, Any]],
+        checkpoint_metadata: Callable[[int], dict[str, Any]] | None,
         fence: Fence | None = None,
         verified: frozenset[str] = frozenset(),
+        shadow: Shadow | None = None,
     ):
         self._sc = sc
         self._checkpoint_metadata = checkpoint_metadata  # the graph in force, for a restart
@@ -84,30 +86,31 @@ class CheckpointRecovery:
         self._checkpoint = checkpoint
         self._fence = fence
         self._verified = verified  # state checkpoints a standby read through already
+        self._shadow = shadow  # the state a standby computed while following (shadow.py)
 
     def run(self) -> Recovery:
         """Rebuild sources and state from the checkpoint; return the uncommitted batches to re-run."""
         metadata = self._checkpoint.read_metadata() or {}
-        # Start first: the saved signature was taken after start() settled default intervals.
-        self._graph.start(metadata["zeroMs"])
-        self._check_signature(metadata)
+        self.start_graph(metadata)
+        assert self._checkpoint_metadata is not None, "only a recovery that leads runs"
         # The graph in force (restored, or rebuilt by a setup or a job spec) for the next restart.
         self._checkpoint.write_metadata(self._checkpoint_metadata(metadata["zeroMs"]))
         found = self._checkpoint.load_log()
         if self._fence is not None and found.newest_epoch > self._fence.epoch:
             raise DeposedError(self._fence.epoch, found.newest_epoch)
         for time_ms in sorted(found.records):
-            record = found.records[time_ms]
-            for source in self._graph.inputs:
-                if source.name in record["ranges"]:
-                    source.replay(time_ms, record["ranges"][source.name])
-            self._graph.coalesce(record.get("coalesced", []))
+            self.replay(time_ms, found.records[time_ms])
         if found.records:
             positions = found.records[max(found.records)].get("positions", {})
             for source in self._graph.inputs:
                 source.restore_position(positions.get(source.name))
-        restored = self._restore_state(found.state_checkpoints(), found.torn)
-        self._require_replayable(found, restored)
+        if self._shadow is not None and self._shadow.usable(found):
+            restored = self._shadow.take_over(found)
+        else:
+            if self._shadow is not None:
+                self._shadow.discard()
+            restored = self.restore_state(found.state_checkpoints(), found.torn)
+        self.require_replayable(found, restored)
         last = found.last_time if found.last_time is not None else self._graph.zero_ms
         recovery = Recovery(
             found.pending,
@@ -127,6 +130,21 @@ class CheckpointRecovery:
         )
         return recovery
 
+    def start_graph(self, metadata: dict[str, Any]) -> None:
+        """Start the graph at the checkpoint's zero time and check it is the program that wrote
+        the checkpoint. Start first: the saved signature was taken after start() settled
+        default intervals."""
+        self._graph.start(metadata["zeroMs"])
+        self._check_signature(metadata)
+
+    def replay(self, time_ms: int, record: dict[str, Any]) -> None:
+        """Feed a batch record's input ranges back to the sources and its coalesced times to
+        the graph."""
+        for source in self._graph.inputs:
+            if source.name in record["ranges"]:
+                source.replay(time_ms, record["ranges"][source.name])
+        self._graph.coalesce(record.get("coalesced", []))
+
     def _check_signature(self, metadata: dict[str, Any]) -> None:
         """CheckpointMismatchError naming every difference between the saved graph and this one."""
         differences = compare_signatures(metadata.get("graph", []), self._graph.signature())
@@ -143,7 +161,7 @@ class CheckpointRecovery:
                 "checkpoint aside"
             )
 
-    def _restore_state(
+    def restore_state(
         self, candidates: dict[str, list[tuple[int, str]]], torn: list[str]
     ) -> dict[str, int]:
         """Load each stateful stream's newest readable checkpoint; a torn one (added to `torn`)
@@ -158,7 +176,7 @@ class CheckpointRecovery:
             if data.durable_batches:  # older ones in the log were pruned, not torn
                 checkpoints = checkpoints[: data.checkpoints_kept()]
             for time_ms, path in checkpoints:
-                rdd = self._read_checkpoint(stream, path, torn)
+                rdd = self.read_checkpoint(stream, path, torn)
                 if rdd is None:
                     continue
                 stream._restore(time_ms, rdd)
@@ -170,7 +188,7 @@ class CheckpointRecovery:
                 data.keep(time_ms, path)
         return restored
 
-    def _read_checkpoint(self, stream: DStream, path: str, torn: list[str]) -> RDD | None:
+    def read_checkpoint(self, stream: DStream, path: str, torn: list[str]) -> RDD | None:
         """A state checkpoint as an RDD, read through once in the JVM to verify it (its
         partitioner back when the stream's RDDs are hash-partitioned), or a durable batch
         checked part by part; None when torn."""
@@ -196,7 +214,7 @@ class CheckpointRecovery:
             rdd.partitioner = Partitioner(partitions, portable_hash)
         return rdd
 
-    def _require_replayable(self, found: LogState, restored: dict[str, int]) -> None:
+    def require_replayable(self, found: LogState, restored: dict[str, int]) -> None:
         """Refuse to go on when exact recovery is impossible, rather than emit wrong results: a
         batch record missing between others (its input is unknown), or a stateful stream with no
         readable state checkpoint while the log no longer reaches back to the first batch."""
@@ -231,13 +249,21 @@ class CheckpointFollower:
     """What a standby does while it waits for the lead, in a thread of its own so that the
     lease is polled meanwhile: it follows the leader's checkpoint, so that taking over costs as
     little as possible. First it warms its executors up (`warm_up`); then every `every_s` it
-    reads the metadata and the log (the page cache keeps them) and reads each stream's newest
+    reads the metadata and the log (the page cache keeps them), reads each stream's newest
     state checkpoint through once in the JVM, which recovery then need not do again
-    (`verified`). It only reads the checkpoint: the leader is writing the same directory."""
+    (`verified`), and has its `shadow` compute the batches the leader committed since
+    (shadow.py). It only reads the checkpoint: the leader is writing the same directory."""
 
-    def __init__(self, sc: SparkContext, checkpoint: CheckpointDir, every_s: float = 2.0):
+    def __init__(
+        self,
+        sc: SparkContext,
+        checkpoint: CheckpointDir,
+        shadow: Shadow | None = None,
+        every_s: float = 0.5,
+    ):
         self._sc = sc
         self._checkpoint = checkpoint
+        self.shadow = shadow
         self._every_s = every_s
         self._verified: set[str] = set()
         self._lock = threading.Lock()
@@ -248,28 +274,50 @@ class CheckpointFollower:
         self._thread.start()
 
     def stop(self) -> frozenset[str]:
-        """Stop following (a Spark job under way finishes on its own); the state checkpoints
-        verified so far."""
+        """Stop following: its Spark job under way is cancelled and the thread awaited, as the
+        shadow's graph is the one the takeover runs. The state checkpoints verified so far."""
         self._stop.set()
+        self._sc.cancelJobGroup(FOLLOWER_JOB_GROUP)
+        self._thread.join(FOLLOWER_STOP_TIMEOUT_S)
+        if self._thread.is_alive() and self.shadow is not None:
+            self.shadow.failure = f"still computing {FOLLOWER_STOP_TIMEOUT_S} s after the takeover"
         with self._lock:
             return frozenset(self._verified)
 
     def _follow(self) -> None:
+        self._sc.setJobGroup(FOLLOWER_JOB_GROUP, "standby: warm-up and shadow of the leader")
         try:
             warm_up(self._sc, self._stop)
         except Exception as error:  # only slower to take over: worth a warning, not a stop
             log.warning("standby: warm-up failed, following without it (%s)", error)
         try:
-            self._read_checkpoint()
+            while self._round() and not self._stop.is_set():  # warm: caught up with the leader
+                pass
             log.info(
-                "standby: warm, following %s (%d state checkpoints read through)",
+                "standby: warm, following %s (%d state checkpoints read through%s)",
                 self._checkpoint.path,
                 len(self._verified),
+                self._shadowed(),
             )
             while not self._stop.wait(self._every_s):
-                self._read_checkpoint()
+                self._round()
         except Exception as error:  # stopped under it: recovery reads what it needs itself
             log.info("standby: stopped following the checkpoint (%s)", error)
+
+    def _round(self) -> int:
+        """One round of following; how many committed batches the shadow computed."""
+        self._read_checkpoint()
+        return self.shadow.catch_up(self._stop) if self.shadow is not None else 0
+
+    def _shadowed(self) -> str:
+        """How far the shadow got, for the log."""
+        if self.shadow is None:
+            return ", not shadowing"
+        if self.shadow.failure is not None:
+            return ", shadow failed"
+        if self.shadow.stepped_ms is None:
+            return ", nothing committed to shadow yet"
+        return f", state shadowed up to {datetime_of(self.shadow.stepped_ms)}"
 
     def _read_checkpoint(self) -> None:
         sc = self._sc
@@ -290,6 +338,9 @@ class CheckpointFollower:
 
 
 WARM_UP_ROUNDS = 5
+# The Spark job group of the follower's jobs, cancelled when the lead is taken.
+FOLLOWER_JOB_GROUP = "dstream-standby"
+FOLLOWER_STOP_TIMEOUT_S = 60.0
 
 
 def warm_up(sc: SparkContext, stop: threading.Event, rounds: int = WARM_UP_ROUNDS) -> None:

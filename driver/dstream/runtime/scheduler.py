@@ -51,6 +51,7 @@ from dstream.runtime.lease import (
     Election,
 )
 from dstream.runtime.recovery import CheckpointFollower, CheckpointRecovery, Recovery
+from dstream.runtime.shadow import Shadow
 from dstream.runtime.timeutil import datetime_of
 
 if TYPE_CHECKING:
@@ -275,7 +276,8 @@ class BatchScheduler:
         self.fence = self.lease.try_acquire() if standby else self.lease.acquire(wait=False)
         if self.fence is None:  # a standby whose lead is held: follow the checkpoint meanwhile
             self.state = "standby"
-            self._follower = CheckpointFollower(self._sc, checkpoint)
+            shadow = Shadow(self._sc, self._graph, checkpoint)
+            self._follower = CheckpointFollower(self._sc, checkpoint, shadow)
             self._follower.start()
             self.fence = self.lease.acquire(wait=True)
         timeline.mark("lead_taken")
@@ -307,6 +309,7 @@ class BatchScheduler:
             self._checkpoint_metadata,
             self.fence,
             verified,
+            self._follower.shadow if self._follower else None,
         ).run()
         timeline.mark("state_restored")
         for time_ms, record in self.recovery.pending_records.items():
