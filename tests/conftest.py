@@ -53,13 +53,13 @@ SHARED_RESOURCES = {"k8s_cluster": "k8s", "image_tarball": "image"}
 # one collected late starts late and the suite waits for it alone at the end: the workers take
 # these first, longest first. Refresh it when the --durations list changes a lot.
 LONGEST_S = {
-    "tests/fault/test_soak.py::test_soak_under_driver_and_executor_kills_and_a_sink_outage": 200,
-    "tests/fault/test_soak.py::test_soak_under_driver_and_executor_kills_and_a_sink_outage[kafka]": 167,
-    "tests/test_bench_harness.py::test_a_kafka_trial_reads_the_fed_topic_and_passes_the_checker[structured-expert]": 132,
-    "tests/fault/test_soak.py::test_soak_under_driver_and_executor_kills_and_a_sink_outage[files+standby]": 130,
-    "tests/fault/test_fault_driver_kill.py::test_driver_killed_repeatedly_output_exact": 102,
-    "tests/fault/test_fault_standby.py::test_standby_takes_over_a_frozen_then_a_killed_leader_output_exact": 95,
-    "tests/fault/test_fault_cli.py::test_mismatched_checkpoint_exit_3_then_fresh_run_stops_gracefully": 92,
+    "tests/fault/test_soak.py::test_soak_under_driver_and_executor_kills_and_a_sink_outage": 139,
+    "tests/fault/test_soak.py::test_soak_under_driver_and_executor_kills_and_a_sink_outage[kafka]": 190,
+    "tests/test_bench_harness.py::test_a_kafka_trial_reads_the_fed_topic_and_passes_the_checker[structured-expert]": 107,
+    "tests/fault/test_soak.py::test_soak_under_driver_and_executor_kills_and_a_sink_outage[files+standby]": 119,
+    "tests/fault/test_fault_driver_kill.py::test_driver_killed_repeatedly_output_exact": 68,
+    "tests/fault/test_fault_standby.py::test_standby_takes_over_a_frozen_then_a_killed_leader_output_exact": 65,
+    "tests/fault/test_fault_cli.py::test_mismatched_checkpoint_exit_3_then_fresh_run_stops_gracefully": 60,
     "tests/connectors/test_exactly_once.py::test_kafka_to_postgres_exactly_once_through_kills_an_executor_kill_and_a_broker_restart": 88,
     "tests/connectors/test_exactly_once.py::test_kafka_to_kafka_exactly_once_through_kills_and_a_broker_restart": 82,
     "tests/fault/test_fault_overload.py::test_sigkill_during_overload_loses_and_repeats_nothing": 74,
