@@ -183,6 +183,9 @@ class JobBook:
         """One of the job's driver pods (any pod with its labels and the driver role) changed."""
         memory = self.memory(key)
         known = memory.drivers.get(pod.name)
+        if known is not None and known.uid is None:
+            # what a create answered 409 left (a pod of that name it had not seen): this is it
+            known = dataclasses.replace(known, uid=pod.uid)
         if known is not None and known.uid == pod.uid:
             # an event from before the supervisor marked and deleted this pod: keep the mark
             # and the deletion (neither is ever undone), so that the pod's end is not counted

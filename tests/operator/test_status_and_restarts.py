@@ -248,6 +248,20 @@ def test_the_book_keeps_the_supervisors_mark_on_a_driver():
     assert memory.view("wc").driver.uid == "p2" and not memory.view("wc").stopping
 
 
+def test_a_driver_name_the_api_server_already_had_is_forgotten_when_that_pod_goes():
+    """A create answered 409 (a pod of that name the operator had not seen, such as an earlier
+    job's still being deleted) leaves an entry without a uid; that pod's deletion must remove
+    it, or the job would wait for a driver that no longer exists."""
+    book = JobBook()
+    key = ("jobs", "wc")
+    book.see_job(key, {"metadata": {"name": "wc", "namespace": "jobs"}})
+    book.jobs[key].drivers["wc-driver-3"] = facts(name="wc-driver-3", uid=None)
+    book.see_driver(key, facts(name="wc-driver-3", uid="old", owner_uid="earlier"), deleted=True)
+    memory = book.jobs[key]
+    assert memory.view("wc").driver is None
+    assert [p.uid for p in memory.vanished] == ["old"]
+
+
 def test_plan_leaves_the_driver_of_an_earlier_job_of_the_same_name_alone():
     """`kubectl delete` then `apply`: the old driver pod, owned by the old uid, is still being
     garbage-collected. Its presence delays the new driver; its end is no restart."""
