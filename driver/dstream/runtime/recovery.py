@@ -98,8 +98,7 @@ class CheckpointRecovery:
         found = self._checkpoint.load_log()
         if self._fence is not None and found.newest_epoch > self._fence.epoch:
             raise DeposedError(self._fence.epoch, found.newest_epoch)
-        for time_ms in sorted(found.records):
-            self.replay(time_ms, found.records[time_ms])
+        self.replay_log(found)
         if found.records:
             positions = found.records[max(found.records)].get("positions", {})
             for source in self._graph.inputs:
@@ -136,6 +135,11 @@ class CheckpointRecovery:
         default intervals."""
         self._graph.start(metadata["zeroMs"])
         self._check_signature(metadata)
+
+    def replay_log(self, found: LogState) -> None:
+        """Replay every batch record of the log, oldest first."""
+        for time_ms in sorted(found.records):
+            self.replay(time_ms, found.records[time_ms])
 
     def replay(self, time_ms: int, record: dict[str, Any]) -> None:
         """Feed a batch record's input ranges back to the sources and its coalesced times to

@@ -104,8 +104,7 @@ class Shadow:
             return False
         self._recovery.start_graph(metadata)
         self._graph.shadowing = True
-        for time_ms in sorted(found.records):
-            self._recovery.replay(time_ms, found.records[time_ms])
+        self._recovery.replay_log(found)
         torn: list[str] = []
         restored = self._recovery.restore_state(found.state_checkpoints(), torn)
         if any(not local_path(path).exists() for path in torn):
