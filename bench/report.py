@@ -156,6 +156,22 @@ def kept_notes(path: Path) -> str:
     return "" if at < 0 else earlier[at:]
 
 
+def plan_line(plan: Any) -> str:
+    """The trials' lengths, in seconds: the same at any batch interval (`Plan.at_interval`)."""
+
+    def seconds(batches: int) -> str:
+        return f"{batches * plan.batch_ms / 1000:g} s"
+
+    window = WINDOW_BATCHES * 1000 // plan.batch_ms
+    full = plan.confirm_warmup + plan.confirm_measured - window + 1
+    return (
+        f"search trials: {seconds(plan.warmup)} of warm-up + {seconds(plan.measured)} measured; "
+        f"confirmation: {seconds(plan.confirm_warmup)} + {seconds(plan.confirm_measured)} (the "
+        f"{WINDOW_BATCHES} s window full for the last {seconds(full)} of it); "
+        f"{plan.samples} batches' outputs checked per trial"
+    )
+
+
 def write_report(
     directory: Path,
     stamp: str,
@@ -191,21 +207,19 @@ def write_report(
         "- the load gate redid a trial when other processes "
         f"used more than {gate.limit_cores} cores over {gate.block_s:.0f} s "
         f"(at most {gate.retries} redos, then 'machine busy')",
-        "- every system: `local[2]`, 2 input partitions, 2 shuffle partitions, 1 s batches, "
-        "the same 100-byte lines (`dstream.worker.textgen`'s pool, `bench/throughput/feed.py`); "
+        "- every system: `local[2]`, 2 input partitions, 2 shuffle partitions, 1 s batches "
+        "(rows marked `(500 ms batches)`: 500 ms), the same 100-byte lines "
+        "(`dstream.worker.textgen`'s pool, `bench/throughput/feed.py`); "
         "dstream and pyspark.streaming run the same program text "
         "(`bench/throughput/programs.py`)",
-        f"- search trials: {plan.warmup} + {plan.measured} batches; confirmation: "
-        f"{plan.confirm_warmup} + {plan.confirm_measured} batches (the {WINDOW_BATCHES} s window "
-        f"full for {plan.confirm_warmup + plan.confirm_measured - WINDOW_BATCHES + 1} of them); "
-        f"{plan.samples} batches' outputs checked per trial",
+        f"- {plan_line(plan)}",
         "- ceiling (since run 11): what the DStream program's own functions, with the lines "
         "made, allow on two cores (`python -m bench.throughput ceiling`), measured before "
         "each round of the workload's trials; median and range over the search, and the "
         "maximum's share of the median",
         "",
         f"Grep counts the lines containing `{GREP_PATTERN}` per batch; WordCount counts words over "
-        f"a {WINDOW_BATCHES} s window sliding every 1 s; TopK gives its 10 most frequent words. "
+        f"a {WINDOW_BATCHES} s window sliding every batch; TopK gives its 10 most frequent words. "
         "A max rate is given only when it passed a confirmation trial; figures are from that "
         "trial.",
         "",

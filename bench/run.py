@@ -27,7 +27,6 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -92,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         help="only recovery, at half of today's dstream.worker.pydaemon maxima (implies --merge)",
     )
     args = parser.parse_args(argv)
-    plan = replace(PLANS["quick" if args.quick else "full"], batch_ms=args.batch_interval)
+    plan = PLANS["quick" if args.quick else "full"].at_interval(args.batch_interval)
     gate = Gate(args.busy_cores, args.busy_block, args.retries, args.allow_load)
     offered = KAFKA_WORKLOADS if args.source == "kafka" else WORKLOADS
     systems, workloads = args.systems.split(","), (args.workloads or ",".join(offered)).split(",")

@@ -680,6 +680,20 @@ def test_half_second_batches_are_judged_and_searched_against_their_interval():
     assert feed.batch_slices(300, 2, 3, 500) == [(0, 150, 225), (1, 150, 225)]
 
 
+def test_half_second_trials_last_as_long_and_a_confirmation_fills_the_window():
+    """A 500 ms plan runs twice the batches of the 1 s plan: the same seconds of warm-up and
+    measure, and a confirmation whose 30 s window is full for most of its measured batches."""
+    from bench.report import plan_line
+    from bench.throughput.searches import PLANS
+
+    full = PLANS["full"]
+    half = full.at_interval(500)
+    assert (half.warmup, half.measured) == (2 * full.warmup, 2 * full.measured)
+    window = reference.WINDOW_BATCHES * 1000 // half.batch_ms
+    assert half.confirm_warmup + half.confirm_measured - window > half.confirm_measured / 2
+    assert plan_line(half) == plan_line(full).replace("last 31 s", "last 30.5 s")
+
+
 def test_kafka_offsets_read_are_checked_against_the_reference_of_those_offsets():
     """A broker's batches hold what had arrived, not an interval: the reference is computed
     from the slices each batch read (window: the batches' slices together)."""

@@ -13,11 +13,12 @@ which other processes used the CPU is redone, at most `Gate.retries` times, then
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.common import ENGINES, LOGS, kill_group, start_process
@@ -50,6 +51,23 @@ class Plan:
     confirm_measured: int
     samples: int  # batches whose output is checked per trial
     batch_ms: int = 1000  # the batch interval (--batch-interval)
+
+    def at_interval(self, batch_ms: int) -> Plan:
+        """This plan (written for 1 s batches) for batches of batch_ms, its stretches as long in
+        seconds: with 500 ms batches a confirmation still fills the 30 s window, and a warm-up
+        still gives an engine's first slow batches as long to drain."""
+
+        def batches(count_at_1s: int) -> int:
+            return math.ceil(count_at_1s * 1000 / batch_ms)
+
+        return replace(
+            self,
+            warmup=batches(self.warmup),
+            measured=batches(self.measured),
+            confirm_warmup=batches(self.confirm_warmup),
+            confirm_measured=batches(self.confirm_measured),
+            batch_ms=batch_ms,
+        )
 
 
 PLANS = {
