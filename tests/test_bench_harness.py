@@ -694,6 +694,24 @@ def test_half_second_trials_last_as_long_and_a_confirmation_fills_the_window():
     assert plan_line(half) == plan_line(full).replace("last 31 s", "last 30.5 s")
 
 
+def test_a_trial_is_measured_from_the_first_batch_after_its_warm_up_that_started_on_time():
+    """A new job's slow first batches queue the next ones: the measure starts once a batch
+    started within a tenth of an interval of its time, and waits for as many batches after it."""
+    from bench.throughput.systems import Batch, System
+
+    system = System(None, 2)
+    system.batch_ms = 500
+    draining = [0, 1900, 1400, 900, 400, 60, 40, 0, 0, 0]  # the 2 warm-up batches, then a queue
+    for i, delay in enumerate(draining):
+        system._record(Batch(i * 500, 1, delay, 300, 0, i))
+    assert system._run_until_settled(warmup=2, then=4, timeout_s=5.0) == 4
+    never = System(None, 2)
+    never.batch_ms = 500
+    for i in range(8):
+        never._record(Batch(i * 500, 1, 600 + 100 * i, 600, 0, i))
+    assert never._run_until_settled(warmup=2, then=4, timeout_s=0.2) == 6
+
+
 def test_kafka_offsets_read_are_checked_against_the_reference_of_those_offsets():
     """A broker's batches hold what had arrived, not an interval: the reference is computed
     from the slices each batch read (window: the batches' slices together)."""

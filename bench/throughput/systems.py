@@ -42,6 +42,7 @@ from bench.throughput.reference import (
 )
 
 WORKLOADS = programs.WORKLOADS
+ON_TIME = 0.1  # a batch that started within this share of an interval of its time was not queued
 
 
 @dataclass
@@ -72,6 +73,7 @@ class TrialRun:
     intervals: list[int]  # k of each measured batch
     outputs: dict[int, Any]  # k -> digest, every batch that output
     inputs: dict[int, Slices] | None = None  # k -> what batch k read, where not interval k
+    settled_after: int = 0  # batches after the warm-up until one started on schedule
 
 
 class System:
@@ -114,8 +116,12 @@ class System:
         timeout_s: float,
         batch_ms: int = 1000,
     ) -> TrialRun:
-        """Run the variant at `rate` records/s for `warmup` + `measured` batches of batch_ms (or
-        until the timeout); the measured batches and every batch's output."""
+        """Run the variant at `rate` records/s for `warmup` batches of batch_ms, then until
+        `measured` batches have completed from the first that started on schedule (or until the
+        timeout); the measured batches and every batch's output. A new job's first batches (the
+        JIT, fresh Python functions) can queue the next ones for seconds: measuring from where
+        that queue has drained compares steady latency, as Structured Streaming's schedule
+        (`structured_batches`) already starts at its first measured batch."""
         self.batch_ms = batch_ms
         self._batches = []
         programs.OUTPUTS.clear()
@@ -126,19 +132,38 @@ class System:
             stop = self.start(workload, variant, rate, workdir)
             try:
                 trailing = self.output_lag(workload, variant)
-                self.wait_for(warmup + measured + trailing, time.monotonic() + timeout_s)
+                settled = self._run_until_settled(warmup, measured + trailing, timeout_s)
             finally:
                 stop()
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
             for rdd in self.sc._jsc.getPersistentRDDs().values():
                 rdd.unpersist(False)
-        batches = self._measured(warmup)[:measured]
+        after = self._measured(warmup)
+        # a batch whose output a later one emits (append mode) is measured only if that one ran
+        batches = after[settled : min(settled + measured, len(after) - trailing)]
         inputs = self.inputs(workload)
         if self.kafka is not None:
             self.kafka.close()
         outputs = {self.interval(t): digest for t, digest in programs.OUTPUTS.items()}
-        return TrialRun(batches, self.intervals(batches), outputs, inputs)
+        return TrialRun(batches, self.intervals(batches), outputs, inputs, settled)
+
+    def _run_until_settled(self, warmup: int, then: int, timeout_s: float) -> int:
+        """Wait for `then` batches after the warm-up and the first batch after it that started
+        on time (within ON_TIME of an interval: the queue had drained); how many batches that
+        first one came after the warm-up (all of them when none did before the timeout)."""
+        deadline = time.monotonic() + timeout_s
+        count = warmup + then
+        while True:
+            self.wait_for(count, deadline)
+            after = self._measured(warmup)
+            settled = next(
+                (i for i, b in enumerate(after) if b.scheduling_ms <= self.batch_ms * ON_TIME),
+                len(after),
+            )
+            if warmup + settled + then <= count or time.monotonic() >= deadline:
+                return settled
+            count = warmup + settled + then
 
     def intervals(self, batches: list[Batch]) -> list[int]:
         """The k whose output each measured batch committed (what the checker samples)."""

@@ -72,6 +72,7 @@ def run_trial(system: System, command: dict[str, Any]) -> dict[str, Any]:
         **command,
         "seconds": round(seconds, 1),
         "checked_batches": check.checked,
+        "settled_after": run.settled_after,
         "verdict": asdict(verdict),
         "batches": [b.to_json() for b in run.batches],
     }
