@@ -26,7 +26,7 @@ from bench.machine import LoadMonitor, busy_reason, others_now, summarize_load
 from bench.throughput.ceiling import ceiling_rate
 from bench.throughput.search import RateSearch
 from bench.throughput.systems import SYSTEM_CLASSES
-from bench.throughput.trial import BUSY, Verdict, percentile
+from bench.throughput.trial import BUSY, LATENCY_TARGET_INTERVALS, Verdict, percentile, share_within
 
 START_RATES = {"grep": 200_000, "grep-jvm": 200_000, "wordcount": 50_000, "topk": 50_000}
 CORES = 2  # the workers' local[2]
@@ -271,24 +271,29 @@ def summarize_search(
             processing_p50_ms=percentile(processing, 0.5),
             processing_p90_ms=percentile(processing, 0.9),
             checked_batches=trial["checked_batches"],
-            **measured_latency(trial["batches"]),
+            **measured_latency(
+                trial["batches"], LATENCY_TARGET_INTERVALS * trial.get("batch_ms", 1000)
+            ),
         )
     return row
 
 
-def measured_latency(batches: list[dict[str, Any]]) -> dict[str, float]:
-    """The trial's end-to-end latency from each batch's measured percentiles over its records:
-    the median of the batches' medians, and the worst batch's p99 (an upper bound of the p99
-    over all the trial's records: every batch has at least 99% of its records within it). {}
-    for a system whose batches carry none (Structured)."""
+def measured_latency(batches: list[dict[str, Any]], target_ms: int) -> dict[str, Any]:
+    """The trial's end-to-end latency from each batch's measured distribution over its records:
+    the median of the batches' medians, the worst batch's p99 (an upper bound of the p99 over
+    all the trial's records: every batch has at least 99% of its records within it), and the
+    share of all its records within the target (at least 99%: the p99 over them made it). {}
+    for batches that carry none."""
     p50s = [b["latency_p50_ms"] for b in batches if b.get("latency_p50_ms") is not None]
     p99s = [b["latency_p99_ms"] for b in batches if b.get("latency_p99_ms") is not None]
     if not p50s:
         return {}
+    within = share_within([b.get("latency_buckets") for b in batches], target_ms)
     return {
         "latency_p50_ms": round(percentile(p50s, 0.5)),
         "latency_p99_ms": round(max(p99s)),
         "latency_measured": True,  # rows of earlier runs hold a modelled latency
+        **({} if within is None else {"latency_target_ms": target_ms, "within_target": within}),
     }
 
 

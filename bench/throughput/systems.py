@@ -60,9 +60,20 @@ class Batch:
     latency_p50_ms: float | None = None
     latency_p99_ms: float | None = None
     checkpoint_ms: float | None = None  # dstream: writing its batch record and commit marker
+    # its records per bucket of dstream_end_to_end_latency_seconds (LATENCY_BUCKETS_S, then
+    # above the last): the paper's targets are bucket bounds, so a trial counts exactly how many
+    # of its records made the target
+    latency_buckets: list[int] | None = None
 
-    def to_json(self) -> dict[str, int | float | None]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def set_latency(self, measured: BatchLatency | None) -> None:
+        """Its records' measured latency; left unknown when none was measured."""
+        if measured is not None:
+            self.latency_p50_ms = 1000 * measured.p50_s
+            self.latency_p99_ms = 1000 * measured.p99_s
+            self.latency_buckets = list(measured.buckets)
 
 
 @dataclass
@@ -263,19 +274,17 @@ class _DStreamCollector:
         if "kafka" in info.ranges:
             read = [(p, a, b) for _topic, p, a, b in info.ranges["kafka"]["slices"]]
             self._system.read[info.batch_time_ms] = tuple(read)
-        self._system._record(
-            Batch(
-                info.batch_time_ms,
-                info.numRecords(),
-                info.schedulingDelay(),
-                info.processingDelay(),
-                info.processing_end_ms,
-                info.batch_time_ms,
-                measured and 1000 * measured.p50_s,
-                measured and 1000 * measured.p99_s,
-                info.checkpoint_seconds and 1000 * info.checkpoint_seconds,
-            )
+        batch = Batch(
+            info.batch_time_ms,
+            info.numRecords(),
+            info.schedulingDelay(),
+            info.processingDelay(),
+            info.processing_end_ms,
+            info.batch_time_ms,
+            checkpoint_ms=info.checkpoint_seconds and 1000 * info.checkpoint_seconds,
         )
+        batch.set_latency(measured)
+        self._system._record(batch)
 
 
 class LegacySystem(System):
@@ -390,18 +399,16 @@ def _legacy_listener(
             time_ms, end_ms = info.batchTime().milliseconds(), info.processingEndTime()
             known = origin["ms"]  # set by the first batch's transform of this driver's graph
             measured = scheduled_latency(rate, known, time_ms, end_ms, batch_ms) if known else None
-            system._record(
-                Batch(
-                    time_ms,
-                    rate * batch_ms // 1000,
-                    info.schedulingDelay(),
-                    info.processingDelay(),
-                    end_ms,
-                    time_ms,
-                    measured and 1000 * measured.p50_s,
-                    measured and 1000 * measured.p99_s,
-                )
+            batch = Batch(
+                time_ms,
+                rate * batch_ms // 1000,
+                info.schedulingDelay(),
+                info.processingDelay(),
+                end_ms,
+                time_ms,
             )
+            batch.set_latency(measured)
+            system._record(batch)
 
     return Collector()
 
@@ -599,9 +606,7 @@ class StructuredSystem(System):
 
         batches = structured_batches(self._progress, warmup, self._rate, self.batch_ms)
         for batch in batches:  # key: the micro-batch id
-            measured = fed.latency(read_by(self._by_id(batch.key)), batch.end_ms)
-            batch.latency_p50_ms = measured and 1000 * measured.p50_s
-            batch.latency_p99_ms = measured and 1000 * measured.p99_s
+            batch.set_latency(fed.latency(read_by(self._by_id(batch.key)), batch.end_ms))
         return batches
 
     def intervals(self, batches: list[Batch]) -> list[int]:
@@ -766,12 +771,9 @@ def structured_batches(
         output_by = p["batchId"] if emitted is None else emitted.get(p["batchId"] + 1)
         if output_by in ends:
             origin = zero - batch_ms  # interval k ends at origin + k * batch_ms
-            measured_latency = scheduled_latency(
-                rate, origin, batch.time_ms, ends[output_by], batch_ms
+            batch.set_latency(
+                scheduled_latency(rate, origin, batch.time_ms, ends[output_by], batch_ms)
             )
-            if measured_latency is not None:
-                batch.latency_p50_ms = 1000 * measured_latency.p50_s
-                batch.latency_p99_ms = 1000 * measured_latency.p99_s
         batches.append(batch)
     return batches
 

@@ -6,10 +6,13 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from dstream.runtime.latency import LATENCY_BUCKETS_S
+
 INTERVAL_MS = 1000
 GROWTH_LIMIT_MS = 250  # how much the scheduling delay may rise across the measured batches
 # The D-Stream paper's targets: p99 end-to-end latency under 1 s with 500 ms batches, 2 s with 1 s.
 LATENCY_TARGET_INTERVALS = 2
+WITHIN_TARGET = 0.99  # the share of a trial's records that must make the target: its p99
 
 # Verdict kinds; only "ok" passes.
 OK, SLOW, WRONG, BUSY = "ok", "too slow", "wrong output", "machine busy"
@@ -23,7 +26,8 @@ class Verdict:
     processing_p90_ms: float
     delay_growth_ms: float
     batches: int
-    latency_p99_ms: float | None = None
+    latency_p99_ms: float | None = None  # the worst batch's
+    within_target: float | None = None  # the share of the records within the latency target
 
     @property
     def sustainable(self) -> bool:
@@ -39,6 +43,18 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def share_within(buckets: list[list[int] | None], target_ms: int) -> float | None:
+    """The share of the records of all these batches whose latency was at most target_ms,
+    from their counts per LATENCY_BUCKETS_S bucket (the target is a bucket bound); None when
+    a batch's latency is unknown or there were no records."""
+    if not buckets or any(b is None for b in buckets):
+        return None
+    bound = LATENCY_BUCKETS_S.index(target_ms / 1000)
+    within = sum(sum(b[: bound + 1]) for b in buckets if b is not None)
+    total = sum(sum(b) for b in buckets if b is not None)
+    return within / total if total else None
+
+
 def judge(
     processing_ms: list[float],
     scheduling_ms: list[float],
@@ -47,13 +63,15 @@ def judge(
     output_reason: str,
     interval_ms: int = INTERVAL_MS,
     latency_p99_ms: list[float | None] | None = None,
+    latency_buckets: list[list[int] | None] | None = None,
 ) -> Verdict:
     """A trial passes when its sampled outputs match the reference (a trial that completed no
     batch at all is too slow, not wrong), all `expected` measured
     batches completed, 90% of them processed within the interval, the scheduling delay did
     not grow (mean of the last third minus the first third at most GROWTH_LIMIT_MS), and, when
-    the batches' p99 latencies are given, the highest of them is under the latency target
-    (LATENCY_TARGET_INTERVALS intervals; a batch without a measured latency fails it)."""
+    the batches' latencies are given, the p99 over all their records is within the latency
+    target (LATENCY_TARGET_INTERVALS intervals): at least WITHIN_TARGET of the records made it.
+    A batch without a measured latency fails it."""
     n = len(processing_ms)
     p50 = statistics.median(processing_ms) if n else 0.0
     p90 = percentile(processing_ms, 0.9) if n else 0.0
@@ -65,9 +83,11 @@ def judge(
     )
     known = [v for v in latency_p99_ms or [] if v is not None]
     p99 = max(known) if known else None
+    target = LATENCY_TARGET_INTERVALS * interval_ms
+    within = share_within(latency_buckets or [], target)
 
     def verdict(kind: str, reason: str) -> Verdict:
-        return Verdict(kind, reason, p50, p90, growth, n, p99)
+        return Verdict(kind, reason, p50, p90, growth, n, p99, within)
 
     if n == 0:
         return verdict(SLOW, "no measured batch completed in time")
@@ -79,10 +99,12 @@ def judge(
         return verdict(SLOW, f"processing p90 {p90:.0f} ms >= interval")
     if growth > GROWTH_LIMIT_MS:
         return verdict(SLOW, f"scheduling delay grew {growth:.0f} ms")
-    if latency_p99_ms is not None:
-        target = LATENCY_TARGET_INTERVALS * interval_ms
-        if len(known) < len(latency_p99_ms):
-            return verdict(SLOW, f"latency measured for {len(known)}/{n} batches")
-        if p99 is None or p99 >= target:
-            return verdict(SLOW, f"latency p99 {p99:.0f} ms >= target {target} ms")
+    if latency_buckets is not None:
+        measured = sum(b is not None for b in latency_buckets)
+        if within is None:
+            return verdict(SLOW, f"latency measured for {measured}/{n} batches")
+        if within < WITHIN_TARGET:
+            return verdict(
+                SLOW, f"latency p99 over {target} ms: {within:.2%} of the records within it"
+            )
     return verdict(OK, "ok")

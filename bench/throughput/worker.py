@@ -66,6 +66,7 @@ def run_trial(system: System, command: dict[str, Any]) -> dict[str, Any]:
         check.reason,
         batch_ms,
         [b.latency_p99_ms for b in run.batches],
+        [b.latency_buckets for b in run.batches],
     )
     return {
         "event": "trial",

@@ -483,7 +483,9 @@ class RangeReader:
         idle_since = time.monotonic()
         position = start
         while position < until:
-            chunk = consumer.consume(num_messages=READ_CHUNK, timeout=1.0)
+            # consume waits for all num_messages or the timeout: asking for more than the
+            # range holds would wait out the timeout at the end of every range
+            chunk = consumer.consume(num_messages=min(READ_CHUNK, until - position), timeout=1.0)
             if not chunk and time.monotonic() - idle_since > self.retry_seconds:
                 raise SourceError(
                     f"kafka {self.settings.bootstrap_servers}: nothing read from {topic}-"
