@@ -34,6 +34,8 @@ def throughput_table(table: dict[str, Any]) -> list[str]:
         for name, row in table.get(workload, {}).items():
             confirmed = row["status"] == "confirmed"
             status = row["status"] + (f": {row['reason']}" if row.get("reason") else "")
+            if row["status"] == "no passing rate":
+                status += lowest_tried(row.get("trials", []))
             load = row.get("load1")
             loads = f"{load[0]:.1f} to {load[1]:.1f}" if load else ""
             if confirmed:
@@ -50,6 +52,15 @@ def throughput_table(table: dict[str, Any]) -> list[str]:
                 f"{row.get('others_cores_max_mean', '')} | {row.get('run', '')} |"
             )
     return lines
+
+
+def lowest_tried(trials: list[dict[str, Any]]) -> str:
+    """How far down a search without a figure went, and why its lowest rate failed: "none
+    passed" says nothing of the rates it did not try."""
+    if not trials:
+        return ""
+    lowest = min(trials, key=lambda t: t["rate"])
+    return f" (lowest tried: {lowest['rate']:,}/s, {lowest['reason']})"
 
 
 def latency_cell(row: dict[str, Any]) -> str:

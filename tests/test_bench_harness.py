@@ -332,11 +332,24 @@ def test_report_prints_no_figure_without_a_confirmation(tmp_path):
         "dstream/tuned": {"status": "confirmed", "rate": 123_000, "processing_p50_ms": 600},
         "pyspark.streaming/tuned": {"status": "no passing rate", "rate": None},
         "structured/plain": {"status": "wrong output", "rate": None, "reason": "batch 7"},
+        "structured/expert": {
+            "status": "no passing rate",
+            "rate": None,
+            "trials": [
+                {"rate": 50_000, "reason": "processing p90 2938 ms >= interval"},
+                {"rate": 100, "reason": "processing p90 1376 ms >= interval"},
+                {"rate": 190, "reason": "processing p90 1499 ms >= interval"},
+            ],
+        },
     }
     text = one_table_report(tmp_path, "wordcount", rows)
     assert "| wordcount | dstream/tuned | confirmed | 123,000 |" in text
     assert "1. started 2026-11-24T10:00, commit abc1234: `python -m bench`" in text
     assert "| wordcount | pyspark.streaming/tuned | no passing rate | none |" in text
+    assert (
+        "| structured/expert | no passing rate (lowest tried: 100/s, processing p90 1376 ms >= "
+        "interval) | none |" in text
+    )
     assert "wrong output: batch 7 | none |" in text
 
 

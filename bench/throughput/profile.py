@@ -10,6 +10,9 @@ over the batches after the window filled. Processing time not covered by any job
 driver's own per-batch cost (planning, py4j calls, checkpoint writes). Run py-spy on the
 printed driver pid for the driver's Python side.
 
+`--source kafka` reads the rate from a topic fed on a broker it starts (as a `--source kafka` trial
+does) instead of the rate source: what a batch costs the engine's Kafka source.
+
 `--zipcache` gives every Python worker `dstream.worker.zipcache` from the start (a sitecustomize
 module), as importing the dstream package gives dstream's own workers: on `pyspark.daemon` that
 separates what the zip cache buys from what the engine does.
@@ -31,6 +34,7 @@ from typing import Any
 from pyspark import SparkContext
 
 from bench.common import DAEMONS, ENGINES, PARTITIONS, WORKER_MODULES, spark_conf
+from bench.throughput.kafka_input import KafkaFeed, start_broker
 from bench.throughput.reference import WINDOW_BATCHES
 from bench.throughput.systems import SYSTEM_CLASSES, Batch
 
@@ -65,18 +69,25 @@ def run(
     batches: int,
     log_dir: str,
     batch_ms: int = 1000,
+    source: str = "rate",
 ) -> list[Batch]:
     conf = spark_conf("local[2]", PARTITIONS, daemon)
     conf.setAll(event_log_conf(log_dir))
+    broker = (
+        start_broker(Path(tempfile.mkdtemp(prefix="bench-kafka-"))) if source == "kafka" else None
+    )
     sc = SparkContext(conf=conf)
     sc.setLogLevel("ERROR")
     print(f"driver pid {os.getpid()}", file=sys.stderr, flush=True)
     try:
-        trial = SYSTEM_CLASSES[system](sc, PARTITIONS).run(
+        feed = KafkaFeed(broker.bootstrap, PARTITIONS) if broker is not None else None
+        trial = SYSTEM_CLASSES[system](sc, PARTITIONS, feed).run(
             workload, variant, rate, 0, batches, timeout_s=3 * batches + 60, batch_ms=batch_ms
         )
     finally:
         sc.stop()
+        if broker is not None:
+            broker.stop()
     return trial.batches
 
 
@@ -180,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=20_000)
     parser.add_argument("--batches", type=int, default=45)
     parser.add_argument("--batch-interval", type=int, default=1000, metavar="MS")
+    parser.add_argument("--source", choices=("rate", "kafka"), default="rate")
     parser.add_argument(
         "--zipcache", action="store_true", help="dstream.worker.zipcache in all workers"
     )
@@ -196,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         args.batches,
         log_dir,
         args.batch_interval,
+        args.source,
     )
     grouped = jobs_by_batch(read_events(log_dir))
     rows = [batch_row(b, grouped.get(b.time_ms, [])) for b in batches]

@@ -63,6 +63,33 @@ def test_budget_is_split_by_lag_and_ranges_read_exactly(ssc, kafka_server):
     assert source.plan(3000, None)["slices"] == []  # nothing new: an empty batch
 
 
+def test_a_task_asks_the_broker_for_no_more_than_its_range_holds(sc, kafka_server):
+    """consume() returns once it has all the messages it was asked for, or at its timeout: a
+    task asking for a full chunk at the end of its range would wait out the timeout on every
+    batch. The read asks for what the range has left, and ends there."""
+    from confluent_kafka import TopicPartition
+    from dstream.connectors.kafka_source import RangeReader
+
+    topic = new_topic(kafka_server)
+    produce(kafka_server.bootstrap, topic, [f"r{i}" for i in range(10)])
+    reader = RangeReader(settings(kafka_server, topic), "", sc.accumulator(0), 20)
+    consumer = reader.consumer()
+    asked: list[int] = []
+
+    class Recording:
+        def consume(self, num_messages: int, timeout: float):
+            asked.append(num_messages)
+            return consumer.consume(num_messages=num_messages, timeout=timeout)
+
+    try:
+        consumer.assign([TopicPartition(topic, 0, 4)])
+        read = [m.value() for m in reader.messages(Recording(), topic, 0, 4, 7)]
+    finally:
+        consumer.close()
+    assert read == [b"r4", b"r5", b"r6"]
+    assert asked and asked[0] == 3 and all(n <= 3 for n in asked), asked
+
+
 def test_max_records_per_partition_and_min_partitions_shape_the_tasks(ssc, kafka_server):
     topic = new_topic(kafka_server, 2)
     produce(kafka_server.bootstrap, topic, [f"hot{i}" for i in range(900)], partition=0)
