@@ -3,9 +3,10 @@ event log.
 
 Runs one workload variant of `programs` on dstream or pyspark.streaming (`local[2]`, the
 chosen worker daemon) at a fixed rate and batch interval (`--batch-interval`) with Spark's event
-log on, then prints per batch: its processing time, the Spark jobs, stages and tasks it ran (by
-its batch time), how much of the processing time some job was running, the tasks' executor run
-time and (dstream) the time spent writing its batch record and commit marker; then the medians
+log on, then prints per batch: its scheduling delay, processing time, the p99 end-to-end
+latency of its records, the Spark jobs, stages and tasks it ran (by its batch time), how much of
+the processing time some job was running, the tasks' executor run time and (dstream) the time
+spent writing its batch record and commit marker; then the medians
 over the batches after the window filled. Processing time not covered by any job is the
 driver's own per-batch cost (planning, py4j calls, checkpoint writes). Run py-spy on the
 printed driver pid for the driver's Python side.
@@ -167,12 +168,24 @@ def covered_ms(jobs: list[dict[str, Any]]) -> int:
     return total
 
 
-COLUMNS = ("processing", "jobs", "stages", "tasks", "in_jobs", "task_run", "checkpoint")
+COLUMNS = (
+    "delay",
+    "processing",
+    "latency_p99",
+    "jobs",
+    "stages",
+    "tasks",
+    "in_jobs",
+    "task_run",
+    "checkpoint",
+)
 
 
 def batch_row(batch: Batch, jobs: list[dict[str, Any]]) -> dict[str, float]:
     return {
+        "delay": batch.scheduling_ms,
         "processing": batch.processing_ms,
+        "latency_p99": round(batch.latency_p99_ms or 0),
         "checkpoint": round(batch.checkpoint_ms or 0),
         "jobs": len(jobs),
         "stages": sum(j["stages"] for j in jobs),
