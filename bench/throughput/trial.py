@@ -47,12 +47,12 @@ def share_within(buckets: list[list[int] | None], target_ms: int) -> float | Non
     """The share of the records of all these batches whose latency was at most target_ms,
     from their counts per LATENCY_BUCKETS_S bucket (the target is a bucket bound); None when
     a batch's latency is unknown or there were no records."""
-    if not buckets or any(b is None for b in buckets):
+    known = [b for b in buckets if b is not None]
+    if not known or len(known) < len(buckets):
         return None
     bound = LATENCY_BUCKETS_S.index(target_ms / 1000)
-    within = sum(sum(b[: bound + 1]) for b in buckets if b is not None)
-    total = sum(sum(b) for b in buckets if b is not None)
-    return within / total if total else None
+    total = sum(sum(b) for b in known)
+    return sum(sum(b[: bound + 1]) for b in known) / total if total else None
 
 
 def judge(
