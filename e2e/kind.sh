@@ -5,7 +5,9 @@
 #
 # Creates a kind cluster whose node mounts a host directory (checkpoint and output live there,
 # shared by the driver and executor pods, and read back by the suite), builds the image from the
-# Dockerfile, loads it into the node, runs python -m e2e.chaos, and deletes the cluster.
+# Dockerfile, loads it into the node, runs python -m e2e.chaos (its Kafka scenario too: the broker
+# runs on this machine, on the kind network's gateway address, which the pods reach through the
+# node), and deletes the cluster.
 #
 # Needs: docker, kind (https://kind.sigs.k8s.io), kubectl, and the repository's .venv.
 # Environment:
@@ -14,6 +16,9 @@
 #   DSTREAM_E2E_DATA      host directory for checkpoint and output (default /tmp/dstream-e2e-data)
 #   DSTREAM_E2E_KEEP=1    keep the cluster afterwards (kind delete cluster --name ... removes it)
 #   DSTREAM_E2E_ARGS      more arguments for python -m e2e.chaos
+#   DSTREAM_E2E_KAFKA_HOST  this machine's address the pods reach for the Kafka scenario's broker
+#                         (default: the kind network's IPv4 gateway, a bridge of this host on
+#                         Linux; Docker Desktop has no such bridge: set it, or "none" to skip)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +27,7 @@ readonly PYTHON="${ROOT}/.venv/bin/python"
 readonly CLUSTER="${DSTREAM_KIND_CLUSTER:-dstream-e2e}"
 readonly DATA="${DSTREAM_E2E_DATA:-/tmp/dstream-e2e-data}"
 readonly IMAGE=dstream:e2e
+readonly EXAMPLE_IMAGE=dstream:latest # examples/kafka-wordcount.yaml's, applied as written
 readonly CREATE_TIMEOUT=300s
 
 STARTED=${SECONDS}
@@ -56,6 +62,16 @@ nodes:
 EOF
 }
 
+# The kind network's IPv4 gateway: the host's end of the bridge the node's traffic leaves by.
+kafka_host() {
+  if [[ -n "${DSTREAM_E2E_KAFKA_HOST:-}" ]]; then
+    echo "${DSTREAM_E2E_KAFKA_HOST}"
+    return
+  fi
+  docker network inspect kind --format '{{range .IPAM.Config}}{{.Gateway}} {{end}}' |
+    tr ' ' '\n' | grep -m1 -F '.' || die "no IPv4 gateway on docker network kind: set DSTREAM_E2E_KAFKA_HOST"
+}
+
 delete_cluster() {
   if [[ "${DSTREAM_E2E_KEEP:-}" == 1 ]]; then
     step "keeping cluster ${CLUSTER} (kind delete cluster --name ${CLUSTER} removes it)"
@@ -73,8 +89,13 @@ main() {
   trap delete_cluster EXIT
   step "building ${IMAGE}"
   docker build --tag "${IMAGE}" "${ROOT}"
-  step "loading ${IMAGE} into the node"
-  kind load docker-image "${IMAGE}" --name "${CLUSTER}"
+  docker tag "${IMAGE}" "${EXAMPLE_IMAGE}"
+  step "loading ${IMAGE} and ${EXAMPLE_IMAGE} into the node"
+  kind load docker-image "${IMAGE}" "${EXAMPLE_IMAGE}" --name "${CLUSTER}"
+  local kafka=()
+  local host
+  host="$(kafka_host)"
+  [[ "${host}" != none ]] && kafka=(--kafka-host "${host}")
   local kubeconfig
   kubeconfig="$(mktemp)"
   kind get kubeconfig --name "${CLUSTER}" >"${kubeconfig}"
@@ -83,7 +104,7 @@ main() {
   # shellcheck disable=SC2086
   "${PYTHON}" -m e2e.chaos --kubeconfig "${kubeconfig}" --image "${IMAGE}" \
     --host-path "${DATA}" --driver-host service --report "${DATA}/last-report.json" \
-    ${DSTREAM_E2E_ARGS:-}
+    "${kafka[@]}" ${DSTREAM_E2E_ARGS:-}
   rm -f "${kubeconfig}"
 }
 
