@@ -838,3 +838,15 @@ def test_a_kafka_trial_reads_the_fed_topic_and_passes_the_checker(
         assert len(event["checked_batches"]) == 3 and verdict["batches"] == 3
         assert sum(b["records"] for b in event["batches"]) > 0
         assert all(b["latency_p99_ms"] is not None for b in event["batches"])
+
+
+def test_a_rate_that_failed_on_latency_is_bisected_not_crept_up_to():
+    """Processing time says nothing about an edge set by latency: with 200,000 passing and
+    800,000 failing on latency in 300 ms batches, the next rate is the bracket's middle, not
+    just under 800,000 as the processing-time line would put it."""
+    search = RateSearch(200_000, max_trials=6, tolerance=0.1, confirm=True)
+    fast = judge([300.0] * 30, [0.0] * 30, 30, True, "ok")
+    late = Verdict(SLOW, "latency p99 over 2000 ms", 300.0, 350.0, 0.0, 30)
+    search.record(200_000, False, fast)
+    search.record(800_000, False, late)
+    assert search.next_trial() == (400_000, False)

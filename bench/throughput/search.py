@@ -5,7 +5,9 @@ searches of several systems, one trial of each in turn. Processing time grows ab
 with the batch's records (p = a + b * rate), and a trial measures p even when the rate is not
 sustainable, so each next rate is where the line through the trials' p90 processing times
 predicts TARGET_MS (just under the pass limit: the search looks for the edge), kept
-inside the bracket (highest passing rate, lowest failing rate above it). When the bracket is
+inside the bracket (highest passing rate, lowest failing rate above it). When the lowest failing
+rate failed with its batches in time (on latency, or a feed that lagged), the line says nothing
+about that edge, and the bracket's geometric middle is tried instead. When the bracket is
 narrow enough, or the trials are used up, the highest passing rate must pass a confirmation
 trial (longer, with the window full); a failed confirmation steps down by STEP_DOWN (not below
 the highest passing search rate that has not failed a confirmation) and confirms again. The
@@ -144,14 +146,27 @@ class RateSearch:
         self.result = SearchResult(status, rate, self.trials)
         return None
 
+    def _failed_within_time(self, rate: int) -> bool:
+        """Whether a search trial at this rate failed although its batches ran in time (on
+        latency, a lagging feed): the processing-time line then cannot place the edge."""
+        return any(
+            t.rate == rate
+            and not t.verdict.sustainable
+            and t.verdict.batches
+            and t.verdict.processing_p90_ms < self.target_ms
+            for t in self._search_trials()
+        )
+
     def _next_search_rate(self, low: int | None, high: int | None, last: int) -> int | None:
-        """Inside the bracket: the line's prediction, else the bracket's geometric middle;
+        """Inside the bracket: the line's prediction, else (or when the lowest failing rate
+        failed for another reason than processing time) the bracket's geometric middle;
         without a failing rate yet at most 4x up, without a passing one at least 4x down."""
         if low is None and high is not None and high <= MIN_RATE:
             return None
         lower = low * (1 + self.tolerance / 2) if low else last / 4
         upper = high / (1 + self.tolerance / 2) if high else last * 4
-        guess = predict(self.trials, self.target_ms)
+        blind = high is not None and self._failed_within_time(high)
+        guess = None if blind else predict(self.trials, self.target_ms)
         if guess is None:
             guess = math.sqrt(lower * upper) if low and high else (upper if not high else lower)
         return round_rate(min(max(guess, lower), upper))
