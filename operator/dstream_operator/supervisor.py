@@ -32,6 +32,7 @@ from dstream_operator.children import ChildKey
 from dstream_operator.driver_api import fetch_report
 from dstream_operator.kube import Kube, KubeError
 from dstream_operator.reconcile import STOP_ENDED, Event, Observation, Plan, plan
+from dstream_operator.slots import StepSlots
 from dstream_operator.status import (
     STOP_REASON_ANNOTATION,
     DriverReport,
@@ -432,7 +433,7 @@ class Supervisor:
         self.book = book
         self.kube = kube
         self.settings = settings
-        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._slots = StepSlots(settings.concurrency)
         self._running: dict[JobKey, asyncio.Task[None]] = {}
         self._again: set[JobKey] = set()  # changed while being stepped
 
@@ -457,12 +458,21 @@ class Supervisor:
     def start_due(self, http: aiohttp.ClientSession) -> None:
         """Start a step for each job that changed or whose time came, without waiting for
         other jobs' steps: a slow job (or a burst of new ones) holds up no one but itself.
-        A job is stepped once at a time; one that changes meanwhile is stepped again after."""
+        A job is stepped once at a time; one that changes meanwhile is stepped again after.
+        The steps of jobs without a driver pod go first (`StepSlots`)."""
         for key in self.book.take_due(datetime.now(UTC)):
             if key in self._running:
                 self._again.add(key)
             else:
+                if self._without_driver(key):
+                    self._slots.may_create_pod(key)
                 self._running[key] = asyncio.create_task(self._bounded_step(key, http))
+
+    def _without_driver(self, key: JobKey) -> bool:
+        """The job has no driver pod (but for those on their way out): its step may create
+        one."""
+        memory = self.book.jobs[key]
+        return memory.body is not None and not memory.view(key[1]).current()
 
     async def step_all(self, http: aiohttp.ClientSession) -> None:
         """Step the due jobs and wait for them (what one turn of `run_forever` starts)."""
@@ -471,7 +481,7 @@ class Supervisor:
 
     async def _bounded_step(self, key: JobKey, http: aiohttp.ClientSession) -> None:
         try:
-            async with self._slots:
+            async with self._slots.slot(key):
                 await self.step(key, http)
         except Exception as error:  # one job's failure must not stop the others
             metrics.ERRORS.labels("supervise").inc()
@@ -603,13 +613,15 @@ class Supervisor:
                 memory.mark_stopped(pod, reason)
         if step.create_driver and job is not None:
             job = step.run_job or job  # the spec, or the one a rollback returned to
-            # what the pod needs, the pod, then the rest: those not applied as they are now
-            # since the operator started (the creation handler waits for this first step,
-            # so a new job's children are written once); a restart repairs them (above)
+            # what the pod needs, the pod, then (once no other job's pod waits to be created:
+            # `StepSlots`) the rest: those not applied as they are now since the operator
+            # started (the creation handler waits for this first step, so a new job's
+            # children are written once); a restart repairs them (above)
             desired = resources.children(job, owner, self.settings.platform)
             await self.book.identities.ensure(self.kube, owner.namespace)
             await sync_children(self.kube, memory, prerequisites(desired), complete=False)
             await self._create_missing(memory, job, owner, step, now)
+            await self._slots.rest_after_pods((owner.namespace, owner.name))
             await sync_children(self.kube, memory, desired)
         if step.restarted:
             metrics.DRIVER_RESTARTS.labels(owner.namespace, owner.name).inc()

@@ -1,13 +1,20 @@
 """How the supervisor scales: it steps only the jobs that changed or are due, refreshes each
-job in a slot of its own, and keeps a bounded number of steps in flight."""
+job in a slot of its own, keeps a bounded number of steps in flight, and creates missing driver
+pods before doing anything else."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+import aiohttp
 import pytest
+from dstream_operator.kube import Kube
+from dstream_operator.slots import StepSlots
 from dstream_operator.supervisor import JobBook, Supervisor, SupervisorSettings, refresh_slot
+from kubernetes.client import Configuration
+
+from tests.operator.conftest import NS, job_manifest
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, 300_000, tzinfo=UTC)
 
@@ -80,3 +87,75 @@ async def test_steps_in_flight_are_bounded():
     supervisor.step = step
     await supervisor.step_all(http=None)
     assert most == 3 and len(stepped) == 12
+
+
+async def _pod_step(slots: StepSlots, key, log: list) -> None:
+    """A step that creates its job's driver pod, then does the rest."""
+    async with slots.slot(key):
+        await asyncio.sleep(0.01)
+        log.append(("pod", key))
+        await slots.rest_after_pods(key)
+        log.append(("rest", key))
+
+
+async def _other_step(slots: StepSlots, key, log: list) -> None:
+    async with slots.slot(key):
+        log.append(("other", key))
+
+
+@pytest.mark.asyncio
+async def test_steps_that_may_create_a_pod_go_before_all_other_work():
+    slots = StepSlots(concurrency=2)
+    log: list = []
+    tasks = [asyncio.create_task(_other_step(slots, "refresh", log))]
+    for key in ("a", "b", "c", "d", "e"):
+        slots.may_create_pod(key)  # as `start_due` does, when it starts the step
+        tasks.append(asyncio.create_task(_pod_step(slots, key, log)))
+    await asyncio.gather(*tasks)
+    kinds = [kind for kind, _ in log]
+    assert kinds[:5] == ["pod"] * 5, log  # with two slots, the rest gave theirs up
+    assert sorted(kinds[5:]) == ["other"] + ["rest"] * 5
+
+
+@pytest.mark.asyncio
+async def test_other_steps_wait_for_pods_only_so_long():
+    slots = StepSlots(concurrency=2, defer_seconds=0.05)
+    stuck = asyncio.Event()
+    slots.may_create_pod("stuck")
+
+    async def never_past_its_pod() -> None:
+        async with slots.slot("stuck"):
+            await stuck.wait()
+
+    blocked = asyncio.create_task(never_past_its_pod())
+    log: list = []
+    await asyncio.wait_for(_other_step(slots, "refresh", log), 5)
+    assert log == [("other", "refresh")]
+    stuck.set()
+    await blocked
+
+
+@pytest.mark.asyncio
+async def test_new_jobs_driver_pods_are_created_before_their_other_children(cluster):
+    """Against kmock's API emulator: with fewer slots than new jobs, every job's driver pod
+    is created before any job's Service, budgets, Events or status."""
+    book = JobBook()
+    names = [f"job-{i}" for i in range(6)]
+    for name in names:
+        book.see_job((NS, name), job_manifest(name))
+    kube = Kube(Configuration(host=str(cluster.url).rstrip("/")))
+    supervisor = Supervisor(book, kube, SupervisorSettings(concurrency=2))
+    try:
+        async with aiohttp.ClientSession() as http:
+            await supervisor.step_all(http)
+    finally:
+        await kube.close()
+    writes = [(r.method, str(r.url.path)) for r in cluster if r.method in ("POST", "PATCH")]
+    pods = [i for i, (method, path) in enumerate(writes) if path.endswith("/pods")]
+    later = [
+        i
+        for i, (method, path) in enumerate(writes)
+        if path.endswith(("/services", "/poddisruptionbudgets", "/events", "/status"))
+    ]
+    assert len(pods) == len(names) and len(later) >= 4 * len(names), writes
+    assert max(pods) < min(later), writes
