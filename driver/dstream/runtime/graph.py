@@ -272,11 +272,14 @@ class DStreamGraph:
             if missing:
                 rdd.context.runJob(rdd, _drain, missing)
 
-    def read_durably(self, sc: SparkContext, directory: str) -> RDD:
-        """A durable batch read back, hash-partitioned as written: its parts are checked in
-        the driver, then each task reads its own part. The partitioner comes from an empty
-        shuffle, so a window unites it with its other batches without moving records."""
-        partitions = durable.check_parts(directory)
+    def read_durably(self, sc: SparkContext, directory: str, partitions: int | None = None) -> RDD:
+        """A durable batch read back, hash-partitioned as written: each task reads its own
+        part. Its parts are checked in the driver first unless `partitions` is given (this
+        run's own tasks have just written them whole: a task reading one checks it anyway).
+        The partitioner comes from an empty shuffle, so a window unites it with its other
+        batches without moving records."""
+        if partitions is None:
+            partitions = durable.check_parts(directory)
         reader = durable.PartReader(directory, partitions)
         nothing = sc.parallelize([], partitions).partitionBy(partitions)
         rdd = nothing.mapPartitionsWithIndex(reader, preservesPartitioning=True)
@@ -288,7 +291,13 @@ class DStreamGraph:
         for stream in self.streams:
             for time_ms, path in stream.checkpoint_data.completed():
                 done[str(stream.index)] = {"time": time_ms, "path": path}
+                if stream.checkpoint_data.durable_batches:
+                    stream._read_back(time_ms, lambda rdd, path=path: self._reread(rdd, path))
         return done
+
+    def _reread(self, written: RDD, directory: str) -> RDD:
+        """The durable batch that `written` has just written whole, read from its parts."""
+        return self.read_durably(written.context, directory, written.getNumPartitions())
 
     def state_paths_in_force(self) -> set[str]:
         return {path for s in self.streams for _time, path in s.checkpoint_data.in_force}
