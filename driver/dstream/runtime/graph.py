@@ -136,6 +136,7 @@ class DStreamGraph:
         self._deadletter_fallback: Path | None = None
         self.coalesced: set[int] = set()  # batch times merged into a later batch (scheduler.py)
         self._rdd_writes: list[threading.Thread] = []
+        self._hash_partitioned: dict[int, RDD] = {}  # an empty RDD per partition count
 
     # -- pickling into the checkpoint -----------------------------------------------------
 
@@ -281,9 +282,19 @@ class DStreamGraph:
         if partitions is None:
             partitions = durable.check_parts(directory)
         reader = durable.PartReader(directory, partitions)
-        nothing = sc.parallelize([], partitions).partitionBy(partitions)
+        nothing = self._nothing(sc, partitions)
         rdd = nothing.mapPartitionsWithIndex(reader, preservesPartitioning=True)
         return rdd.setName(f"durable batch {directory}")
+
+    def _nothing(self, sc: SparkContext, partitions: int) -> RDD:
+        """An empty RDD hash-partitioned over `partitions`, made once per run and partition
+        count: the shuffle that gives it its partitioner runs once, and every durable batch
+        read after it (one a batch in steady state) skips that stage."""
+        nothing = self._hash_partitioned.get(partitions)
+        if nothing is None or nothing.context is not sc:
+            nothing = sc.parallelize([], partitions).partitionBy(partitions)
+            self._hash_partitioned[partitions] = nothing
+        return nothing
 
     def completed_checkpoints(self) -> dict[str, dict[str, Any]]:
         """State checkpoints written since the last call: {stream index: {time, path}}."""
