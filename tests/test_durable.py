@@ -4,6 +4,7 @@ that a window's batches are written by the batch's own output job."""
 from __future__ import annotations
 
 import operator
+import os
 import random
 import time
 from collections import Counter
@@ -14,6 +15,7 @@ from dstream import StreamingContext
 from dstream.runtime import durable
 from dstream.runtime.checkpoint import CheckpointWriteError, TornFileError
 from dstream.runtime.clock import ManualClock
+from dstream.runtime.graph import DStreamGraph
 from pyspark.rdd import Partitioner, portable_hash
 from streams import collect, manual_context, run_batches
 
@@ -32,7 +34,20 @@ def test_parts_read_back_as_written_in_chunks(tmp_path):
     assert durable.check_parts(f"file:{tmp_path}") == 3
     assert durable.read_part(str(tmp_path), 0, 3) == RECORDS  # more than one chunk
     assert durable.read_part(str(tmp_path), 1, 3) == []
-    assert durable.PartReader(str(tmp_path), 3)(2, iter(())) == RECORDS[:3]
+    unread = iter([None, None])  # what a PySpark worker would find left in its input
+    assert durable.PartReader(str(tmp_path), 3)(2, unread) == RECORDS[:3]
+    assert next(unread, "drained") == "drained"
+
+
+def test_a_python_worker_that_read_a_durable_batch_is_reused(sc, tmp_path):
+    """A worker whose task leaves input unread exits instead of going back to the pool: a
+    window subtracting durable batches started a new Python worker for every task of every
+    batch. Sequential one-task reads take their worker from the pool in turn (first in, first
+    out), so reused workers show up as a pid read twice; with none reused, every pid is new."""
+    write_parts(tmp_path, [RECORDS[:10]])
+    read = DStreamGraph(1000).read_durably(sc, str(tmp_path))
+    pids = [read.mapPartitions(lambda _part: [os.getpid()]).collect()[0] for _ in range(24)]
+    assert len(set(pids)) < len(pids), pids
 
 
 def test_a_partition_left_unfinished_writes_no_part(tmp_path):
