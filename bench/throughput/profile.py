@@ -224,9 +224,7 @@ def print_stage_medians(per_batch: list[list[dict[str, Any]]]) -> None:
             for s in mine:
                 for level, n in s["locality"].items():
                     localities[level] += n
-        medians = " ".join(
-            f"{statistics.median(r[c] for r in sums):>7g}" for c in STAGE_COLUMNS
-        )
+        medians = " ".join(f"{statistics.median(r[c] for r in sums):>7g}" for c in STAGE_COLUMNS)
         print(f"  {name[-60:]:60} {medians}  {dict(localities)}")
 
 
