@@ -147,8 +147,8 @@ class PartReader:
     Its input, an empty partition that only gives the RDD its partitioner, is read to its end
     all the same. A PySpark worker whose task left input unread finds no end-of-stream mark
     after it, tells the JVM not to reuse it and exits: every task that subtracted a durable
-    batch then started a fresh Python worker, which imports the modules it needs again (in a
-    window's steady state, one per task of every batch)."""
+    batch then started a fresh Python worker (in a window's steady state, one per task of
+    every batch; docs/fault-tolerance.md, "Executor loss under load", measures the cost)."""
 
     directory: str
     partitions: int
