@@ -4,8 +4,10 @@ that a window's batches are written by the batch's own output job."""
 from __future__ import annotations
 
 import operator
+import os
 import random
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,9 @@ from dstream import StreamingContext
 from dstream.runtime import durable
 from dstream.runtime.checkpoint import CheckpointWriteError, TornFileError
 from dstream.runtime.clock import ManualClock
-from streams import manual_context, run_batches
+from dstream.runtime.graph import DStreamGraph
+from pyspark.rdd import Partitioner, portable_hash
+from streams import collect, manual_context, run_batches
 
 RECORDS = [(f"k{i}", i) for i in range(2_500)] + [(("tuple", "key"), [1.5, None])]
 
@@ -30,7 +34,20 @@ def test_parts_read_back_as_written_in_chunks(tmp_path):
     assert durable.check_parts(f"file:{tmp_path}") == 3
     assert durable.read_part(str(tmp_path), 0, 3) == RECORDS  # more than one chunk
     assert durable.read_part(str(tmp_path), 1, 3) == []
-    assert durable.PartReader(str(tmp_path), 3)(2, iter(())) == RECORDS[:3]
+    unread = iter([None, None])  # what a PySpark worker would find left in its input
+    assert durable.PartReader(str(tmp_path), 3)(2, unread) == RECORDS[:3]
+    assert next(unread, "drained") == "drained"
+
+
+def test_a_python_worker_that_read_a_durable_batch_is_reused(sc, tmp_path):
+    """A worker whose task leaves input unread exits instead of going back to the pool: a
+    window subtracting durable batches started a new Python worker for every task of every
+    batch. Sequential one-task reads take their worker from the pool in turn (first in, first
+    out), so reused workers show up as a pid read twice; with none reused, every pid is new."""
+    write_parts(tmp_path, [RECORDS[:10]])
+    read = DStreamGraph(1000).read_durably(sc, str(tmp_path))
+    pids = [read.mapPartitions(lambda _part: [os.getpid()]).collect()[0] for _ in range(24)]
+    assert len(set(pids)) < len(pids), pids
 
 
 def test_a_partition_left_unfinished_writes_no_part(tmp_path):
@@ -128,3 +145,33 @@ def test_a_part_storage_refused_is_named_in_the_jobs_failure(sc, tmp_path):
     part = f"{not_a_directory}/rdd-1/part-00000"
     assert str(found) == f"cannot write checkpoint file {part}: Not a directory"
     assert durable.part_write_failure(ValueError("something else")) is None
+
+
+def test_the_batches_a_window_subtracts_are_read_from_their_parts_not_the_cache(sc, tmp_path):
+    """Once a batch's parts are written whole, the window keeps an RDD reading them, with the
+    reduction's partitioner, and the cached copy is dropped: an executor lost later takes
+    nothing with it that the window subtracts (test_fault_executor_loss kills one). The source
+    is still read once per batch, and the window is exact."""
+    ssc = manual_context(sc)
+    ssc.checkpoint(str(tmp_path / "checkpoint"))
+    reads = sc.accumulator(0)
+
+    def counted(record: tuple[str, int]) -> tuple[str, int]:
+        reads.add(1)
+        return record
+
+    batches = [[("a", 1), ("b", 2)], [("a", 3)], [("c", 1)], [("a", 1)], [("b", 5)]] * 2
+    pairs = ssc.queueStream([sc.parallelize(b, 2) for b in batches], oneAtATime=True)
+    windowed = pairs.map(counted).reduceByKeyAndWindow(operator.add, operator.sub, 5, 1, 2)
+    got = collect(windowed.filter(lambda kv: kv[1] != 0), len(batches), sort=True)
+    reduced = windowed._parents[0]
+    kept = [reduced._generated[t] for t in sorted(reduced._generated)]
+    assert reads.value == sum(len(b) for b in batches)
+    assert len(kept) > 5 and all(rdd.name().startswith("durable batch") for rdd in kept)
+    assert not any(rdd.is_cached for rdd in kept)
+    assert all(rdd.partitioner == Partitioner(2, portable_hash) for rdd in kept)
+    for end, window in enumerate(got, start=1):
+        summed: Counter[str] = Counter()
+        for batch in batches[max(0, end - 5) : end]:
+            summed.update(dict(batch))
+        assert window == sorted(kv for kv in summed.items() if kv[1] != 0)

@@ -11,6 +11,12 @@ over the batches after the window filled. Processing time not covered by any job
 driver's own per-batch cost (planning, py4j calls, checkpoint writes). Run py-spy on the
 printed driver pid for the driver's Python side.
 
+`--stages` also prints, per stage name (Spark's call site of the stage's last RDD), the medians
+over the same batches of the stages that ran and their time: wall time, the tasks' run time, the
+scheduler's delay (a task's time neither deserializing, running nor sending its result: waiting
+for a core or for locality), the shuffle fetch wait, and the tasks' locality levels. Two runs'
+tables side by side show which stage a change made slower.
+
 `--source kafka` reads the rate from a topic fed on a broker it starts (as a `--source kafka` trial
 does) instead of the rate source: what a batch costs the engine's Kafka source.
 
@@ -154,6 +160,74 @@ def jobs_by_batch(
     return grouped
 
 
+def stages_by_batch(
+    events: list[dict[str, Any]],
+    batch_of: Callable[[dict[str, str]], int | None] = batch_of,
+) -> dict[int, list[dict[str, Any]]]:
+    """Per batch, each stage its jobs ran (skipped stages have no completion): its name,
+    tasks, wall time, the tasks' run time, scheduler delay and fetch wait, and their localities."""
+    batch_of_stage: dict[int, int | None] = {}
+    stages: dict[int, dict[str, Any]] = {}
+    for e in events:
+        kind = e["Event"]
+        if kind == "SparkListenerJobStart":
+            batch = batch_of(e.get("Properties") or {})
+            batch_of_stage.update((stage, batch) for stage in e["Stage IDs"])
+        elif kind == "SparkListenerTaskEnd" and e["Stage ID"] in batch_of_stage:
+            stage = stages.setdefault(e["Stage ID"], new_stage())
+            add_task(stage, e["Task Info"], e.get("Task Metrics") or {})
+        elif kind == "SparkListenerStageCompleted":
+            info = e["Stage Info"]
+            stage = stages.setdefault(info["Stage ID"], new_stage())
+            stage["name"] = info["Stage Name"]
+            stage["wall"] = info.get("Completion Time", 0) - info.get("Submission Time", 0)
+    grouped: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for stage_id, stage in stages.items():
+        batch = batch_of_stage.get(stage_id)
+        if batch is not None and "name" in stage:
+            grouped[batch].append(stage)
+    return grouped
+
+
+def new_stage() -> dict[str, Any]:
+    return {"tasks": 0, "run": 0, "sched": 0, "fetch": 0, "locality": defaultdict(int)}
+
+
+def add_task(stage: dict[str, Any], info: dict[str, Any], metrics: dict[str, Any]) -> None:
+    """One finished task's times into its stage's sums."""
+    run = metrics.get("Executor Run Time", 0)
+    overhead = metrics.get("Executor Deserialize Time", 0) + metrics.get(
+        "Result Serialization Time", 0
+    )
+    span = info.get("Finish Time", 0) - info.get("Launch Time", 0)
+    stage["tasks"] += 1
+    stage["run"] += run
+    stage["sched"] += max(0, span - run - overhead - info.get("Getting Result Time", 0))
+    stage["fetch"] += (metrics.get("Shuffle Read Metrics") or {}).get("Fetch Wait Time", 0)
+    stage["locality"][info.get("Locality", "?")] += 1
+
+
+STAGE_COLUMNS = ("count", "tasks", "wall", "run", "sched", "fetch")
+
+
+def print_stage_medians(per_batch: list[list[dict[str, Any]]]) -> None:
+    """Per stage name, the medians over the batches (0 where a batch ran no such stage)."""
+    names = sorted({stage["name"] for stages in per_batch for stage in stages})
+    print("stage medians over the same batches: " + " ".join(f"{c:>7}" for c in STAGE_COLUMNS))
+    for name in names:
+        sums = []
+        localities: dict[str, int] = defaultdict(int)
+        for stages in per_batch:
+            mine = [s for s in stages if s["name"] == name]
+            row = {c: sum(s[c] for s in mine) for c in STAGE_COLUMNS if c != "count"}
+            sums.append({**row, "count": len(mine)})
+            for s in mine:
+                for level, n in s["locality"].items():
+                    localities[level] += n
+        medians = " ".join(f"{statistics.median(r[c] for r in sums):>7g}" for c in STAGE_COLUMNS)
+        print(f"  {name[-60:]:60} {medians}  {dict(localities)}")
+
+
 def covered_ms(jobs: list[dict[str, Any]]) -> int:
     """Milliseconds during which at least one of the jobs ran."""
     spans = sorted((j["start"], j.get("end", j["start"])) for j in jobs)
@@ -205,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=45)
     parser.add_argument("--batch-interval", type=int, default=1000, metavar="MS")
     parser.add_argument("--source", choices=("rate", "kafka"), default="rate")
+    parser.add_argument("--stages", action="store_true", help="per stage name, its medians")
     parser.add_argument(
         "--zipcache", action="store_true", help="dstream.worker.zipcache in all workers"
     )
@@ -223,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         args.batch_interval,
         args.source,
     )
-    grouped = jobs_by_batch(read_events(log_dir))
+    events = read_events(log_dir)
+    grouped = jobs_by_batch(events)
     rows = [batch_row(b, grouped.get(b.time_ms, [])) for b in batches]
     print("batch  " + " ".join(f"{c:>10}" for c in COLUMNS))
     for batch, row in zip(batches, rows, strict=True):
@@ -231,4 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     steady = rows[WINDOW_BATCHES * 1000 // args.batch_interval :] or rows
     medians = {c: statistics.median(r[c] for r in steady) for c in COLUMNS}
     print(f"median of the last {len(steady)} " + " ".join(f"{medians[c]:>10g}" for c in COLUMNS))
+    if args.stages:
+        by_batch = stages_by_batch(events)
+        skip = WINDOW_BATCHES * 1000 // args.batch_interval
+        print_stage_medians([by_batch.get(b.time_ms, []) for b in batches[skip:] or batches])
     return 0

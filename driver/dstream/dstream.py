@@ -205,6 +205,22 @@ class DStream:
                 rdd.persist(self._storage_level)
             self._generated[time_ms] = rdd
 
+    def _read_back(self, time_ms: int, reread: Callable[[RDD], RDD]) -> None:
+        """The batch of `time_ms` is durable now: keep `reread(rdd)`, which reads its parts,
+        in place of the cached RDD, and drop that from the cache. As a Spark RDD whose
+        checkpoint is written reads its files rather than its lineage, a window that later
+        subtracts the batch (or recomputes a lost block of its own through it) then reads
+        the parts: after an executor loss, what it cached is not recomputed from the source.
+        Steady state reads one batch's parts per batch instead of holding a window of
+        batches in memory."""
+        with self._lock:
+            cached = self._generated.get(time_ms)
+            if cached is None:
+                return
+            self._generated[time_ms] = reread(cached)
+            if cached.is_cached:
+                cached.unpersist(blocking=False)
+
     def _initialize(self) -> None:
         """Settle checkpoint interval and remember span before the first batch (as Spark does)."""
         if self.checkpoint_data.required and self._checkpoint_ms is None:

@@ -11,18 +11,22 @@ output task sleeps that long after its last record (the durable batch the window
 written by then), so that a test can break the checkpoint between a batch's outputs and its
 commit; with `recordMicros`, every record costs
 that much wall-clock time (slept, not spun), so that a test can overload the job at a rate whose
-reference is cheap to compute. None of them changes the output.
+reference is cheap to compute; with `readsLog`, every input partition computed notes which
+batch's job computed it (note_reads). None of them changes the output.
 """
 
 from __future__ import annotations
 
+import json
 import operator
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from dstream import StreamingContext
 from dstream.dstream import DStream
+from pyspark import TaskContext
 
 
 def add_counts(new: list[int], total: int | None) -> int:
@@ -59,7 +63,29 @@ def pause_per_record(micros: float) -> Any:
     return pause
 
 
+def note_reads(directory: str) -> Any:
+    """Each input partition computed appends its first record and the job group of the batch
+    whose job computed it (`dstream-batch-<time>`) to a file of its process: a record first
+    seen in its own batch and again in a later batch's job is input read again from the
+    source, to recompute what was lost."""
+
+    def note(records: Iterator[str]) -> Iterator[str]:
+        records = iter(records)
+        first = next(records, None)
+        if first is None:
+            return
+        group = TaskContext.get().getLocalProperty("spark.jobGroup.id")
+        with open(os.path.join(directory, f"reads-{os.getpid()}"), "a") as log:
+            log.write(json.dumps([group, first]) + "\n")
+        yield first
+        yield from records
+
+    return note
+
+
 def build(ssc: StreamingContext, lines: DStream, args: dict[str, Any]) -> DStream:
+    if args.get("readsLog"):
+        lines = lines.mapPartitions(note_reads(args["readsLog"]))
     if args.get("taskSleepSeconds"):
         lines = lines.mapPartitions(pause_then_pass(float(args["taskSleepSeconds"])))
     if args.get("recordMicros"):

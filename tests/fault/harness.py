@@ -43,6 +43,7 @@ class FaultJob:
     task_sleep_s: float = 0
     output_sleep_s: float = 0
     record_micros: float = 0
+    reads_log: Path | None = None  # where faultapp notes every input partition it computes
     extra_spec: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -79,6 +80,7 @@ class FaultJob:
                     "taskSleepSeconds": self.task_sleep_s,
                     "outputSleepSeconds": self.output_sleep_s,
                     "recordMicros": self.record_micros,
+                    "readsLog": str(self.reads_log) if self.reads_log else None,
                 },
             },
             "source": self.source(),

@@ -5,13 +5,17 @@ everything this needs: its jars, and the launcher finds them through SPARK_HOME 
 directory). Every input task sleeps first, so the kill lands while the batch's tasks run; the lost
 tasks, shuffle outputs and cached state blocks are recomputed from lineage (back to the last
 state checkpoint) on the surviving executor and on the one the standalone worker starts in its
-place. The output must equal the reference exactly. The report gives how long the affected batch
-took and how long after the kill the job was back on schedule (a batch started within its own
-interval), when it was on schedule before.
+place. The output must equal the reference exactly. The window's reductions of the batches it
+subtracts after the kill are read from their durable parts, not recomputed from the source: no
+input older than a state checkpoint interval before the kill is read again (faultapp's
+`readsLog`). The kill comes once the window is full, so that every batch after it subtracts
+one. The report gives how long the affected batch took and how long after the kill the job was
+back on schedule (a batch started within its own interval), when it was on schedule before.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -27,7 +31,7 @@ from fault.harness import RateJob, batch_dirs, executor_pids, fault_seed, verify
 from running_driver import Driver, Line
 
 BATCH_TIMEOUT_S = 240
-MOST_BATCHES_BEFORE_KILL = 4  # to get on schedule after the executors' cold start
+MOST_BATCHES_BEFORE_KILL = 8  # to get on schedule after the executors' cold start
 MOST_BATCHES_AFTER_KILL = 4  # to get back on schedule
 PROGRESS = re.compile(r"processing\s+([\d.]+) s \| scheduling delay\s+([\d.]+) s")
 
@@ -43,13 +47,27 @@ def delays(line: Line) -> tuple[float, float]:
     return float(match.group(1)), float(match.group(2))
 
 
-def next_batches(driver: Driver, most: int, until) -> list[Line]:
-    """Progress lines of the next batches: at least two, at most `most`, until one satisfies
-    `until`."""
+def next_batches(driver: Driver, most: int, until, least: int = 2) -> list[Line]:
+    """Progress lines of the next batches: at least `least`, at most `most`, until one
+    satisfies `until`."""
     seen: list[Line] = []
-    while len(seen) < most and (len(seen) < 2 or not until(seen[-1])):
+    while len(seen) < most and (len(seen) < least or not until(seen[-1])):
         seen.append(driver.wait_for_line(is_batch, BATCH_TIMEOUT_S, after=len(driver.lines)))
     return seen
+
+
+def reread_batches(reads_log: Path) -> list[tuple[int, int]]:
+    """(batch time, time of the later batch whose job read it again) for every input partition
+    that a later batch's job computed again, from faultapp's reads log."""
+    first_read: dict[str, int] = {}
+    again: list[tuple[int, int]] = []
+    notes = (json.loads(n) for f in reads_log.iterdir() for n in f.read_text().splitlines())
+    for group, record in sorted(notes, key=lambda note: note[0]):
+        read_ms = int(group.removeprefix("dstream-batch-"))
+        own_ms = first_read.setdefault(record, read_ms)
+        if read_ms > own_ms:
+            again.append((own_ms, read_ms))
+    return again
 
 
 @pytest.mark.slow
@@ -65,7 +83,9 @@ def test_executor_killed_mid_batch_output_unchanged(tmp_path):
         parallelism=2,
         task_sleep_s=1.5,
         seed=seed % 1000,
+        reads_log=tmp_path / "reads",
     )
+    job.reads_log.mkdir()
     job.write()
 
     def on_schedule(line: Line) -> bool:
@@ -80,7 +100,9 @@ def test_executor_killed_mid_batch_output_unchanged(tmp_path):
     ).start()
     app_ids: set[str] = set()
     try:
-        before = next_batches(driver, MOST_BATCHES_BEFORE_KILL, on_schedule)
+        before = next_batches(
+            driver, MOST_BATCHES_BEFORE_KILL, on_schedule, least=job.window_batches + 1
+        )
         executors = executor_pids(driver.pid)
         app_ids.update(executors.values())
         assert len(executors) == 2, executors
@@ -102,6 +124,8 @@ def test_executor_killed_mid_batch_output_unchanged(tmp_path):
     normal = statistics.median(delays(line)[0] for line in before[1:] + after[1:])
     back = next((line for line in after if on_schedule(line)), None)
     verdict = verify(job)
+    checkpointed_ms = affected_ms - job.checkpoint_interval_s * 1000
+    recomputed = [(own, at) for own, at in reread_batches(job.reads_log) if at >= affected_ms]
     print(
         f"executor {victim} killed {killed_at - driver.started_at:.1f} s after start, during "
         f"batch {affected_ms}; replaced by {sorted(replacement)}; {lost[:1]}\n"
@@ -115,8 +139,10 @@ def test_executor_killed_mid_batch_output_unchanged(tmp_path):
         + (" (it was on schedule before)" if on_schedule(before[-1]) else " (it was behind)")
         + f"\n  committed batches {verdict.batches}, records {verdict.records}: lost="
         f"{verdict.lost} duplicated={verdict.duplicated}, batches differing "
-        f"{len(verdict.mismatched_batches)}"
+        f"{len(verdict.mismatched_batches)}\n  input read again after the kill (batch, by "
+        f"batch): {recomputed}"
     )
     assert lost, "Spark never noticed the executor's loss"
     assert not verdict.mismatched_batches, verdict.mismatched_batches
     assert verdict.lost == 0 and verdict.duplicated == 0
+    assert not [(own, at) for own, at in recomputed if own < checkpointed_ms], recomputed

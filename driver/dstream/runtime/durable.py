@@ -21,6 +21,7 @@ import pickle
 import re
 import struct
 import zlib
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -141,12 +142,19 @@ def missing_parts(directory: str, partitions: int) -> list[int]:
 
 @dataclass(frozen=True)
 class PartReader:
-    """The task side of reading a durable batch back: partition i is part i."""
+    """The task side of reading a durable batch back: partition i is part i.
+
+    Its input, an empty partition that only gives the RDD its partitioner, is read to its end
+    all the same. A PySpark worker whose task left input unread finds no end-of-stream mark
+    after it, tells the JVM not to reuse it and exits: every task that subtracted a durable
+    batch then started a fresh Python worker (in a window's steady state, one per task of
+    every batch; docs/fault-tolerance.md, "Executor loss under load", measures the cost)."""
 
     directory: str
     partitions: int
 
-    def __call__(self, index: int, _nothing: Iterable[Any]) -> list[Any]:
+    def __call__(self, index: int, nothing: Iterable[Any]) -> list[Any]:
+        deque(nothing, maxlen=0)
         return read_part(self.directory, index, self.partitions)
 
 

@@ -139,6 +139,7 @@ class DStreamGraph:
         # and no durable batch, as the leader writes them into the same checkpoint.
         self.shadowing = False
         self._rdd_writes: list[threading.Thread] = []
+        self._hash_partitioned: dict[int, RDD] = {}  # an empty RDD per partition count
 
     # -- pickling into the checkpoint -----------------------------------------------------
 
@@ -288,15 +289,28 @@ class DStreamGraph:
             if missing:
                 rdd.context.runJob(rdd, _drain, missing)
 
-    def read_durably(self, sc: SparkContext, directory: str) -> RDD:
-        """A durable batch read back, hash-partitioned as written: its parts are checked in
-        the driver, then each task reads its own part. The partitioner comes from an empty
-        shuffle, so a window unites it with its other batches without moving records."""
-        partitions = durable.check_parts(directory)
+    def read_durably(self, sc: SparkContext, directory: str, partitions: int | None = None) -> RDD:
+        """A durable batch read back, hash-partitioned as written: each task reads its own
+        part. Its parts are checked in the driver first unless `partitions` is given (this
+        run's own tasks have just written them whole: a task reading one checks it anyway).
+        The partitioner comes from an empty shuffle, so a window unites it with its other
+        batches without moving records."""
+        if partitions is None:
+            partitions = durable.check_parts(directory)
         reader = durable.PartReader(directory, partitions)
-        nothing = sc.parallelize([], partitions).partitionBy(partitions)
+        nothing = self._nothing(sc, partitions)
         rdd = nothing.mapPartitionsWithIndex(reader, preservesPartitioning=True)
         return rdd.setName(f"durable batch {directory}")
+
+    def _nothing(self, sc: SparkContext, partitions: int) -> RDD:
+        """An empty RDD hash-partitioned over `partitions`, made once per run and partition
+        count: the shuffle that gives it its partitioner runs once, and every durable batch
+        read after it (one a batch in steady state) skips that stage."""
+        nothing = self._hash_partitioned.get(partitions)
+        if nothing is None or nothing.context is not sc:
+            nothing = sc.parallelize([], partitions).partitionBy(partitions)
+            self._hash_partitioned[partitions] = nothing
+        return nothing
 
     def completed_checkpoints(self) -> dict[str, dict[str, Any]]:
         """State checkpoints written since the last call: {stream index: {time, path}}."""
@@ -304,7 +318,13 @@ class DStreamGraph:
         for stream in self.streams:
             for time_ms, path in stream.checkpoint_data.completed():
                 done[str(stream.index)] = {"time": time_ms, "path": path}
+                if stream.checkpoint_data.durable_batches:
+                    stream._read_back(time_ms, lambda rdd, path=path: self._reread(rdd, path))
         return done
+
+    def _reread(self, written: RDD, directory: str) -> RDD:
+        """The durable batch that `written` has just written whole, read from its parts."""
+        return self.read_durably(written.context, directory, written.getNumPartitions())
 
     def state_paths_in_force(self) -> set[str]:
         return {path for s in self.streams for _time, path in s.checkpoint_data.in_force}
