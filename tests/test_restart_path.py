@@ -1,6 +1,7 @@
 """What the restart path without a standby changes in a driver's Spark settings
 (docs/fault-tolerance.md, "The restart path without a standby"): the JVMs' class archive
-(dstream.service.jvm_archive); and that the JVMs of a driver and of its executors really take Spark's classes from the archive
+(dstream.service.jvm_archive) and no wait for executors before the SparkContext is up; and
+that the JVMs of a driver and of its executors really take Spark's classes from the archive
 `make setup` made for this installation."""
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ def test_no_archive_file_or_an_empty_setting_adds_no_option(tmp_path, monkeypatc
         conf = spark_conf(job(), None, {"spark.driver.extraJavaOptions": "-Dmine=1"})
         assert conf.get("spark.driver.extraJavaOptions") == "-Dmine=1"
         assert conf.get("spark.executor.extraJavaOptions") is None
+
+
+def test_the_spark_context_does_not_wait_for_executors_unless_the_spec_says_so():
+    key = "spark.scheduler.minRegisteredResourcesRatio"
+    assert spark_conf(job(), None, {}).get(key) == "0"
+    assert spark_conf(job(sparkConf={key: "0.8"}), None, {}).get(key) == "0.8"
 
 
 # A driver as `dstream run` configures it, on local-cluster with one executor, each JVM logging

@@ -40,6 +40,10 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
         **pools.SPARK_CONF,
         "spark.app.name": f"dstream-{job.metadata.name}",
         "spark.ui.showConsoleProgress": "false",
+        # On Kubernetes Spark holds a new SparkContext back until 80% of its executors have
+        # registered (for up to 30 s); a restarted driver takes the lead and reads its log
+        # meanwhile instead, and its first tasks wait for the executors as they register.
+        "spark.scheduler.minRegisteredResourcesRatio": "0",
         "spark.streaming.backpressure.enabled": str(spec.backpressure.enabled).lower(),
         "spark.streaming.backpressure.pid.proportional": str(spec.backpressure.pid.proportional),
         "spark.streaming.backpressure.pid.integral": str(spec.backpressure.pid.integral),
