@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark import RDD, SparkContext
 from pyspark.rdd import Partitioner, portable_hash
 
-from dstream.runtime import durable, pools
+from dstream.runtime import durable
 from dstream.runtime.checkpoint import (
     CheckpointDir,
     CheckpointMismatchError,
@@ -344,7 +344,6 @@ class CheckpointFollower:
 WARM_UP_ROUNDS = 5
 # The Spark job group of the follower's jobs, cancelled when the lead is taken.
 FOLLOWER_JOB_GROUP = "dstream-standby"
-WARM_UP_JOB_GROUP = "dstream-warm-up"
 FOLLOWER_STOP_TIMEOUT_S = 60.0
 
 
@@ -370,27 +369,6 @@ def warm_up(sc: SparkContext, stop: threading.Event, rounds: int = WARM_UP_ROUND
             counts.unpersist()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def warm_up_beside_recovery(sc: SparkContext) -> threading.Thread:
-    """Start one round of `warm_up` in a thread of its own, for a driver that recovers without
-    having stood by: its executors register while it takes the lead and reads the log, and
-    the warm-up's tasks, submitted at once, start their Python workers and run the batch's kind
-    of code as soon as they do, beside the state restore's jobs, instead of in the first
-    replayed batch. Its jobs run in the queries' pool, so that a batch that starts meanwhile
-    gets the free task slots first (pools.py). A failure only costs the gain: it is logged."""
-
-    def run() -> None:
-        pools.use_pool(sc, pools.QUERIES)
-        sc.setJobGroup(WARM_UP_JOB_GROUP, "restart: warm-up beside the recovery", True)
-        try:
-            warm_up(sc, threading.Event(), rounds=1)
-        except Exception as error:
-            log.info("warm-up beside the recovery failed (%s)", str(error).splitlines()[0])
-
-    thread = threading.Thread(target=run, name="dstream-warm-up", daemon=True)
-    thread.start()
-    return thread
 
 
 def _first_summed(grouped: tuple[Any, Any]) -> int:

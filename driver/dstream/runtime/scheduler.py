@@ -50,12 +50,7 @@ from dstream.runtime.lease import (
     CheckpointLease,
     Election,
 )
-from dstream.runtime.recovery import (
-    CheckpointFollower,
-    CheckpointRecovery,
-    Recovery,
-    warm_up_beside_recovery,
-)
+from dstream.runtime.recovery import CheckpointFollower, CheckpointRecovery, Recovery
 from dstream.runtime.shadow import Shadow
 from dstream.runtime.timeutil import datetime_of
 
@@ -306,8 +301,6 @@ class BatchScheduler:
         """Recover from the checkpoint (dstream.runtime.recovery) and queue its uncommitted
         batches to run first, each with the ranges its record holds; the first new time."""
         assert self._checkpoint is not None
-        if self._follower is None:  # no warm-up while standing by: warm up beside recovering
-            warm_up_beside_recovery(self._sc)
         verified = self._follower.stop() if self._follower else frozenset()
         self.recovery = CheckpointRecovery(
             self._sc,
