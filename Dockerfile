@@ -53,11 +53,6 @@ RUN pip install --no-deps --no-build-isolation /src \
     && install -m 0755 /src/operator/image/entrypoint.sh /usr/local/bin/dstream-entrypoint \
     && rm -rf /src
 
-# Spark's classes, parsed and verified, which the driver's and the executors' JVMs map instead of
-# loading them again at every start (dstream/service/jvm_archive.py; about 30 s of build).
-RUN SPARK_LOCAL_IP=127.0.0.1 python -m dstream.service.jvm_archive \
-    && rm -rf /tmp/*
-
 # Example job modules (`module: jobs.<name>:build`), importable by drivers and executors.
 COPY --chown=185:185 examples /opt/dstream/examples
 

@@ -2,7 +2,7 @@
 without Kubernetes: its docker-archive names dstream:e2e, and unpacked and started the way a
 container runtime starts it (entrypoint, env, workdir, non-root user) it imports the project,
 validates the example job, runs it on local Spark, and starts Spark's Kubernetes executor backend
-for the `executor` argument, whose JVM maps the class archive made at the build. The archive also loads into containerd (e2e/image/load.sh, the same
+for the `executor` argument. The archive also loads into containerd (e2e/image/load.sh, the same
 script a real kubelet node uses)."""
 
 from __future__ import annotations
@@ -20,19 +20,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.image]
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 LOAD_SH = REPO_ROOT / "e2e" / "image" / "load.sh"
 SPARK_USER = "185"
-IMAGE_ARCHIVE = "/opt/venv/share/dstream/spark-classes.jsa"
-# An executor as Spark on Kubernetes describes it to the entrypoint, of a driver that is not
-# there: its JVM starts, then exits once it fails to connect.
-EXECUTOR_ENV = {
-    "SPARK_EXECUTOR_MEMORY": "512m",
-    "SPARK_DRIVER_URL": "spark://CoarseGrainedScheduler@127.0.0.1:9",
-    "SPARK_EXECUTOR_ID": "1",
-    "SPARK_EXECUTOR_CORES": "1",
-    "SPARK_APPLICATION_ID": "spark-image-test",
-    "SPARK_EXECUTOR_POD_IP": "127.0.0.1",
-    "SPARK_RESOURCE_PROFILE_ID": "0",
-    "SPARK_EXECUTOR_POD_NAME": "image-test-exec-1",
-}
 
 
 def test_archive_is_a_docker_archive_tagged_dstream_e2e(image_tarball):
@@ -75,26 +62,21 @@ def test_java_is_debians_openjdk_17(image):
 def test_executor_argument_starts_the_kubernetes_executor_backend(image):
     """No driver listens at the URL, so the JVM exits once it fails to connect: far enough to
     show that the entrypoint found Java and Spark's jars and started the right class as spark."""
-    result = image.run("executor", env=EXECUTOR_ENV, timeout=240)
+    env = {
+        "SPARK_EXECUTOR_MEMORY": "512m",
+        "SPARK_DRIVER_URL": "spark://CoarseGrainedScheduler@127.0.0.1:9",
+        "SPARK_EXECUTOR_ID": "1",
+        "SPARK_EXECUTOR_CORES": "1",
+        "SPARK_APPLICATION_ID": "spark-image-test",
+        "SPARK_EXECUTOR_POD_IP": "127.0.0.1",
+        "SPARK_RESOURCE_PROFILE_ID": "0",
+        "SPARK_EXECUTOR_POD_NAME": "image-test-exec-1",
+    }
+    result = image.run("executor", env=env, timeout=240)
     assert "KubernetesExecutorBackend: Started daemon" in result.stderr, result.stderr
     assert "Changing view acls to: spark" in result.stderr
     assert "Failed to connect to /127.0.0.1:9" in result.stderr
     assert result.returncode != 0
-
-
-def test_an_executor_jvm_takes_sparks_classes_from_the_images_archive(image):
-    """The driver gives its executors the image's class archive (dstream.service.jvm_archive),
-    made at the image's build from a driver's class path: the executor's own class path, as the
-    entrypoint builds it, must begin with the same jars for its JVM to map the archive."""
-    env = {
-        **EXECUTOR_ENV,
-        "SPARK_JAVA_OPT_0": f"-XX:SharedArchiveFile={IMAGE_ARCHIVE}",
-        "SPARK_JAVA_OPT_1": "-Xlog:class+load=info",
-    }
-    result = image.run("executor", env=env, timeout=240)
-    assert "org.apache.spark.SparkConf source: shared objects file (top)" in result.stdout, (
-        result.stdout[-3000:]
-    )
 
 
 @pytest.mark.timeout(900, func_only=True)
