@@ -7,13 +7,22 @@ DEMO_SECONDS ?= 30
 
 .PHONY: setup debian-packages kafka demo test test-fast exactly-once soak soak-standby lint crd e2e bench bench-quick bench-backpressure clean operator-scale
 
-setup: $(STAMP)
+JVM_ARCHIVE := $(VENV)/share/dstream/spark-classes.jsa
+
+setup: $(STAMP) $(JVM_ARCHIVE)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --progress-bar off -e '.[test]'
 	touch $(STAMP)
+
+# Spark's classes, parsed and verified, for the JVMs of drivers and executors to map instead of
+# loading them (dstream/service/jvm_archive.py): made again whenever the packages are. Without
+# it (no Java yet) everything works, only the JVMs start slower.
+$(JVM_ARCHIVE): $(STAMP)
+	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/python -m dstream.service.jvm_archive --output $@ \
+		|| echo "warning: no class archive for the JVMs (make setup tries again)" >&2
 
 DEMO_CHECKPOINT := .demo/checkpoint
 

@@ -5,7 +5,8 @@ Figures (seconds):
 - executor loss: the largest batch delay (batch time -> commit) among the batches that were
   running or started before the job was back on schedule (the spike), and the time from the
   deletion until a batch started after it committed on schedule again;
-- driver loss: from the deletion to the first batch committed by the new driver;
+- driver loss: from the deletion to the first batch committed by the new driver, with every
+  phase of the new leader's recovery timeline from its log (its pod's start included);
 - with a standby (`driver.standby`), the leader's loss: the leading driver pod (the job Lease's
   holder) is deleted with no grace period (the API object goes at once; the kubelet still sends
   SIGTERM and kills 2 s later, so a leader that releases the Lease in that time hands over at
@@ -29,6 +30,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from dstream.runtime.timeline import PHASES
 from kubernetes import client
 
 from e2e.chaos.cluster import Cluster, pod_ready, wait_for
@@ -37,6 +39,8 @@ from e2e.chaos.observer import Observer, Snapshot
 # The driver's log lines that the standby faults read (dstream.runtime.recovery, .timeline).
 WARM_STANDBY = "standby: warm, following"
 _TIMELINE = re.compile(r"recovery timeline: phase=(\w+) at=([0-9.]+)")
+# What a standby's takeover shows (it started up before the fault).
+TAKEOVER_PHASES = ("lead_taken", "state_restored", "replayed", "on_schedule")
 
 
 @dataclass(frozen=True)
@@ -264,13 +268,15 @@ class Chaos:
             timeout_s,
         )[0]
         snapshot = self.snapshot()
+        phases = self._new_leader_timeline(old_uids)
+        after = "".join(f", {p} +{at - deleted_at:.1f} s" for p, at in phases.items())
         self.figures.add(
             kind,
             snapshot.commits[first] - deleted_at,
             f"new driver pod created after {created - deleted_at:.0f} s and started after "
             f"{started - deleted_at:.0f} s (it need not wait for the old pod's graceful stop: a "
             f"name per attempt); its first commit: batch {first}, delay "
-            f"{snapshot.delay(first):.1f} s",
+            f"{snapshot.delay(first):.1f} s{after}",
         )
         self.wait_until_running(timeout_s)
 
@@ -328,11 +334,21 @@ class Chaos:
                     return pod.metadata.name
         return None
 
-    def _timeline(self, pod: str) -> dict[str, float]:
-        """The recovery phases a driver logged after taking the lead (unix seconds)."""
+    def _timeline(self, pod: str, phases: tuple[str, ...] = TAKEOVER_PHASES) -> dict[str, float]:
+        """The recovery `phases` a driver logged (unix seconds)."""
         found = dict(_TIMELINE.findall(self.cluster.pod_log(self.target.namespace, pod)))
-        phases = ("lead_taken", "state_restored", "replayed", "on_schedule")
         return {phase: float(found[phase]) for phase in phases if phase in found}
+
+    def _new_leader_timeline(self, old_uids: set[str]) -> dict[str, float]:
+        """Every phase of the recovery timeline of the new driver pod that took the lead (not
+        one of `old_uids`): on the restart path its own start-up is part of the recovery."""
+        t = self.target
+        for pod in self.cluster.job_pods(t.namespace, t.job, "driver"):
+            if pod.metadata.uid not in old_uids:
+                phases = self._timeline(pod.metadata.name, PHASES)
+                if "lead_taken" in phases:
+                    return phases
+        return {}
 
     def lose_pair(self, timeout_s: float) -> None:
         """Delete both drivers of a standby job at once: the restart path, as without one."""

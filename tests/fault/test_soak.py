@@ -651,7 +651,7 @@ def live_through(
         else:
             returned = driver.process.wait(STEP_TIMEOUT_S)
             died, warm = moment(), warm_now(standby)
-            driver.reap()  # its JVM and executors go after it, while the standby leads
+            driver.kill()  # its JVM and executors with it, as a pod's end takes them all
             assert returned == -signal.SIGKILL, f"{fault_of(run)} did not kill it"
             tally.read_timeline(driver)
             batches = [line.at for line in driver.lines if is_batch(line.text)]

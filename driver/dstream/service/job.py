@@ -21,6 +21,7 @@ from dstream.runtime.failure import BatchFailedError
 from dstream.runtime.fencing import DeposedError, move_aside_keeping_epoch
 from dstream.runtime.scheduler import BatchInfo, BatchScheduler
 from dstream.runtime.task_errors import raised_in_task
+from dstream.service import jvm_archive
 from dstream.service.apps import build_app
 from dstream.service.metrics import StreamingMetrics
 from dstream.sources import SourceError
@@ -31,13 +32,18 @@ log = logging.getLogger(__name__)
 
 
 def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> SparkConf:
-    """Spark settings the spec implies, then the spec's sparkConf, then command-line overrides."""
+    """Spark settings the spec implies, then the spec's sparkConf, then command-line overrides;
+    the JVMs' class archive, if the installation has one, added to their options."""
     spec = job.spec
     settings: dict[str, str] = {
         **pydaemon.SPARK_CONF,
         **pools.SPARK_CONF,
         "spark.app.name": f"dstream-{job.metadata.name}",
         "spark.ui.showConsoleProgress": "false",
+        # On Kubernetes Spark holds a new SparkContext back until 80% of its executors have
+        # registered (for up to 30 s); a restarted driver takes the lead and reads its log
+        # meanwhile instead, and its first tasks wait for the executors as they register.
+        "spark.scheduler.minRegisteredResourcesRatio": "0",
         "spark.streaming.backpressure.enabled": str(spec.backpressure.enabled).lower(),
         "spark.streaming.backpressure.pid.proportional": str(spec.backpressure.pid.proportional),
         "spark.streaming.backpressure.pid.integral": str(spec.backpressure.pid.integral),
@@ -57,7 +63,7 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
         settings["spark.dstream.backpressure.maxRate"] = str(spec.backpressure.max_rate)
     settings.update(spec.spark_conf)
     settings.update(extra)
-    conf = SparkConf().setAll(list(settings.items()))
+    conf = SparkConf().setAll(list(jvm_archive.with_archive(settings).items()))
     conf.setMaster(master or conf.get("spark.master", "local[2]"))
     return conf
 

@@ -1,0 +1,153 @@
+"""A class-data-sharing archive of Spark's classes, so that the JVMs of a restarted driver and of
+its executors start sooner.
+
+A JVM that starts Spark reads, parses and verifies several thousand classes from Spark's jars
+before the SparkContext is up, and an executor's JVM most of them again, all on the restart path
+of a lost driver (docs/fault-tolerance.md, "The restart path without a standby"). Java 17 can
+keep those classes, parsed and verified, in an archive: a JVM run with
+`-XX:ArchiveClassesAtExit=FILE` writes every class it loaded into FILE when it exits, and later
+JVMs given `-XX:SharedArchiveFile=FILE` map it instead of loading the classes again.
+
+The archive is made once per installation, by `python -m dstream.service.jvm_archive` (`make
+setup` runs it for the project's virtualenv, the image's build for the image), and lives beside
+that installation (`<sys.prefix>/share/dstream/spark-classes.jsa`), because the JVM records the
+path, size and time of every jar it took classes from, and maps the archive only for a class
+path that begins with those same jars. It comes from a run in local mode, where the driver's JVM
+also runs the tasks, so that one archive holds the classes of both roles; `spark_conf` gives it
+to the driver and to the executors (the same jars, on the same machine or in the same image).
+A JVM that cannot use it (the jars or the JDK changed since) starts as it would without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+# Where to find the archive instead of the installation's own (empty: use none).
+ENV = "DSTREAM_JVM_ARCHIVE"
+JAVA_OPTIONS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+DUMP_TIMEOUT_S = 600.0
+
+
+def default_path() -> Path:
+    return Path(sys.prefix) / "share" / "dstream" / "spark-classes.jsa"
+
+
+def archive_path() -> Path | None:
+    """The archive this installation's JVMs use: DSTREAM_JVM_ARCHIVE's if set (empty: none),
+    else the installation's own; None when there is no such file."""
+    configured = os.environ.get(ENV)
+    path = default_path() if configured is None else Path(configured) if configured else None
+    return path if path is not None and path.is_file() else None
+
+
+def with_archive(settings: dict[str, str]) -> dict[str, str]:
+    """`settings` with the archive added to the driver's and the executors' JVM options (after
+    any the job sets), when there is one."""
+    path = archive_path()
+    if path is None:
+        return settings
+    option = f"-XX:SharedArchiveFile={path}"
+    added = {key: f"{settings.get(key, '')} {option}".strip() for key in JAVA_OPTIONS}
+    return {**settings, **added}
+
+
+# -- making the archive -----------------------------------------------------------------------
+
+
+def build(path: Path) -> Path:
+    """Make the archive at `path`: a run of Spark's usual work in a child process whose JVM
+    writes the archive when it exits (a half-written file never takes `path`'s place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.unlink(missing_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "dstream.service.jvm_archive", "--dump-run", str(partial)],
+        check=True,
+        timeout=DUMP_TIMEOUT_S,
+    )
+    wait_for_exit_of_jvms_writing(partial, DUMP_TIMEOUT_S)
+    if not partial.is_file() or partial.stat().st_size == 0:
+        raise RuntimeError(f"the JVM wrote no class archive at {partial}")
+    partial.replace(path)
+    return path
+
+
+def wait_for_exit_of_jvms_writing(partial: Path, timeout_s: float) -> None:
+    """Wait until no process names `partial` on its command line: the dump run's JVM outlives
+    its Python process by the time it takes to see its stdin close and write the archive."""
+    deadline = time.monotonic() + timeout_s
+    while any(str(partial).encode() in cmdline for cmdline in command_lines()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"a JVM still writes {partial} after {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+def command_lines() -> list[bytes]:
+    lines = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                lines.append((entry / "cmdline").read_bytes())
+            except OSError:  # the process ended meanwhile
+                continue
+    return lines
+
+
+def dump_run(partial: Path) -> None:
+    """The work whose classes the archive keeps: a SparkContext in local mode (driver and tasks
+    in one JVM) running a stateful batch's kinds of jobs, as the standby's warm-up does, and a
+    state checkpoint written and read back, as a restart's recovery does."""
+    from pyspark import SparkConf, SparkContext
+
+    from dstream.runtime import pools
+    from dstream.runtime.recovery import warm_up
+    from dstream.worker import pydaemon
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    conf = SparkConf().setAll([*pydaemon.SPARK_CONF.items(), *pools.SPARK_CONF.items()])
+    conf.setMaster("local[2]").setAppName("dstream-jvm-archive")
+    conf.set("spark.driver.extraJavaOptions", f"-XX:ArchiveClassesAtExit={partial}")
+    conf.set("spark.ui.showConsoleProgress", "false")
+    sc = SparkContext(conf=conf)
+    with tempfile.TemporaryDirectory(prefix="dstream-jvm-archive-") as scratch:
+        sc.setCheckpointDir(scratch)
+        warm_up(sc, threading.Event(), rounds=2)
+        state = sc.parallelize([(n % 7, n) for n in range(100)], 2).reduceByKey(max)
+        state.checkpoint()
+        state.count()
+        path = state.getCheckpointFile()
+        assert path is not None
+        sc._jsc.checkpointFile(path).count()
+        lines = Path(scratch) / "input.txt"
+        lines.write_text("a line of input\n" * 100)
+        sc.textFile(str(lines)).map(str.split).count()
+    sc.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dstream.service.jvm_archive", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--output", type=Path, default=default_path(), help="archive file")
+    parser.add_argument("--dump-run", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.dump_run is not None:
+        dump_run(args.dump_run)
+        return 0
+    started = time.monotonic()
+    build(args.output)
+    size_mb = args.output.stat().st_size / 2**20
+    print(f"{args.output}: {size_mb:.0f} MB, made in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""What the restart path without a standby changes in a driver's Spark settings
+(docs/fault-tolerance.md, "The restart path without a standby"): the JVMs' class archive
+(dstream.service.jvm_archive) and no wait for executors before the SparkContext is up; and
+that the JVMs of a driver and of its executors really take Spark's classes from the archive
+`make setup` made for this installation."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+from dstream.service import jvm_archive
+from dstream.service.job import spark_conf
+from dstream.spec import parse_job
+
+ARCHIVED = "source: shared objects file (top)"  # -Xlog:class+load's word for the archive's
+
+
+def manifest(**spec_extra) -> dict:
+    return {
+        "apiVersion": "dstream.dev/v1alpha1",
+        "kind": "StreamingJob",
+        "metadata": {"name": "restart"},
+        "spec": {
+            "batchInterval": "1s",
+            "app": {"builtin": "wordcount"},
+            "source": {"type": "rate", "rate": {"recordsPerSecond": 10}},
+            **spec_extra,
+        },
+    }
+
+
+def job(**spec_extra):
+    return parse_job(manifest(**spec_extra))
+
+
+def test_the_archive_goes_to_the_driver_and_executor_jvms_after_the_jobs_options(
+    tmp_path, monkeypatch
+):
+    archive = tmp_path / "classes.jsa"
+    archive.write_bytes(b"an archive")
+    monkeypatch.setenv(jvm_archive.ENV, str(archive))
+    conf = spark_conf(job(sparkConf={"spark.executor.extraJavaOptions": "-Dmine=1"}), None, {})
+    assert conf.get("spark.driver.extraJavaOptions") == f"-XX:SharedArchiveFile={archive}"
+    assert conf.get("spark.executor.extraJavaOptions") == (
+        f"-Dmine=1 -XX:SharedArchiveFile={archive}"
+    )
+
+
+def test_no_archive_file_or_an_empty_setting_adds_no_option(tmp_path, monkeypatch):
+    for setting in (str(tmp_path / "missing.jsa"), ""):
+        monkeypatch.setenv(jvm_archive.ENV, setting)
+        conf = spark_conf(job(), None, {"spark.driver.extraJavaOptions": "-Dmine=1"})
+        assert conf.get("spark.driver.extraJavaOptions") == "-Dmine=1"
+        assert conf.get("spark.executor.extraJavaOptions") is None
+
+
+def test_the_spark_context_does_not_wait_for_executors_unless_the_spec_says_so():
+    key = "spark.scheduler.minRegisteredResourcesRatio"
+    assert spark_conf(job(), None, {}).get(key) == "0"
+    assert spark_conf(job(sparkConf={key: "0.8"}), None, {}).get(key) == "0.8"
+
+
+# A driver as `dstream run` configures it, on local-cluster with one executor, each JVM logging
+# where its classes came from.
+DRIVER = textwrap.dedent(
+    """
+    import sys
+    from pyspark import SparkContext
+    from dstream.service.job import spark_conf
+    from dstream.spec import load_job
+
+    driver_log, executor_log, manifest = sys.argv[1:]
+    conf = spark_conf(load_job(manifest), "local-cluster[1,1,1024]", {
+        "spark.driver.extraJavaOptions": f"-Xlog:class+load=info:file={driver_log}",
+        "spark.executor.extraJavaOptions": f"-Xlog:class+load=info:file={executor_log}",
+        "spark.driver.host": "127.0.0.1",
+        "spark.ui.enabled": "false",
+    })
+    sc = SparkContext(conf=conf)
+    assert sc.parallelize(range(100), 2).map(lambda n: (n % 3, n)).reduceByKey(max).count() == 3
+    sc.stop()
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_driver_and_executor_jvms_load_spark_from_the_installations_archive(tmp_path):
+    assert jvm_archive.archive_path() is not None, "no archive: `make setup` makes it"
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest()))
+    driver_log, executor_log = tmp_path / "driver.log", tmp_path / "executor.log"
+    subprocess.run(
+        [sys.executable, "-c", DRIVER, str(driver_log), str(executor_log), str(path)],
+        check=True,
+        timeout=180,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+    )
+    assert f"org.apache.spark.SparkContext {ARCHIVED}" in driver_log.read_text()
+    executor = executor_log.read_text()
+    assert f"org.apache.spark.executor.Executor {ARCHIVED}" in executor
+    assert f"org.apache.spark.shuffle.sort.SortShuffleManager {ARCHIVED}" in executor
