@@ -114,7 +114,8 @@ def dump_run(partial: Path) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf = SparkConf().setAll([*pydaemon.SPARK_CONF.items(), *pools.SPARK_CONF.items()])
     conf.setMaster("local[2]").setAppName("dstream-jvm-archive")
-    conf.set("spark.driver.extraJavaOptions", f"-XX:ArchiveClassesAtExit={partial}")
+    # -Xlog: the dump lists every class it cannot keep (hundreds of generated ones) as a warning
+    conf.set("spark.driver.extraJavaOptions", f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds*=error")
     conf.set("spark.ui.showConsoleProgress", "false")
     sc = SparkContext(conf=conf)
     with tempfile.TemporaryDirectory(prefix="dstream-jvm-archive-") as scratch:
