@@ -29,6 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -353,3 +354,37 @@ def run_until_pruned(job: InProcessJob, leader: StreamingContext, kept: list[str
         if not set(kept) <= checkpoints_listed(job):
             return
     raise AssertionError(f"the leader still lists all of {kept} after 30 batches")
+
+
+def test_a_standby_is_warm_only_once_its_shadow_holds_the_leaders_newest_commit(
+    job, caplog, monkeypatch
+):
+    """The leader commits another batch while the shadow restores its state (as on a loaded
+    machine, where that start took 3 minutes): the standby must not say it is warm before its
+    shadow has computed that batch too."""
+    caplog.set_level(logging.INFO, logger="dstream")
+    leader = job.start()
+    job.run(leader, 2)  # a state checkpoint at 2 s: the shadow's start restores it
+    started = threading.Event()
+
+    def start_then_lead_on(self: Shadow, found: Any) -> bool:
+        if not real_start(self, found):
+            return False
+        if not started.is_set():
+            started.set()
+            job.run(leader, 1)
+        return True
+
+    real_start = Shadow._start
+    monkeypatch.setattr(Shadow, "_start", start_then_lead_on)
+    standby = InProcessStandby(job)
+    shadow = standby.shadow
+    wait_until(lambda: warm(caplog.text), STEP_TIMEOUT_S)
+    assert started.is_set()
+    assert shadow.failure is None, shadow.failure
+    assert shadow.stepped_ms == job.now_ms  # the batch committed during its start, too
+    leader.stop(stopSparkContext=False)
+    ssc = standby.leads()
+    job.run(ssc, 2)
+    ssc.stop(stopSparkContext=False)
+    assert_exact(job)

@@ -76,8 +76,12 @@ class Shadow:
         stepped = 0
         try:
             found = self._checkpoint.load_log(tidy=False)
-            if self.restored is None and not self._start(found):
-                return 0
+            if self.restored is None:
+                if not self._start(found):
+                    return 0
+                # The leader went on while the state was restored (minutes on a loaded machine):
+                # a round that stepped nothing of a stale log would call the shadow caught up.
+                found = self._checkpoint.load_log(tidy=False)
             assert self.stepped_ms is not None
             for time_ms in sorted(t for t in found.commits if t > self.stepped_ms):
                 if stop.is_set():
