@@ -78,8 +78,10 @@ def batch_figures(driver: Driver, after: int, killed: float) -> list[dict[str, f
 class Pair:
     """A leader and its standby on one job, started with the measurement's settings."""
 
-    def __init__(self, root: Path):
-        self.job = RateJob(root, batch_s=6, window_s=18, checkpoint_interval_s=18, seed=7)
+    def __init__(self, root: Path, rate: int = 100):
+        self.job = RateJob(
+            root, batch_s=6, window_s=18, checkpoint_interval_s=18, seed=7, rate=rate
+        )
         self.job.parallelism = 2
         self.job.write()
         events = root / "events"

@@ -29,6 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -288,5 +289,102 @@ def test_a_standby_whose_shadow_failed_restores_state_from_the_checkpoint(job, c
     assert "taking over without the shadowed state" in caplog.text
     assert ssc._scheduler.recovery.torn_files == [torn_path]
     job.run(ssc, 3)
+    ssc.stop(stopSparkContext=False)
+    assert_exact(job)
+
+
+def test_a_standby_whose_shadow_fell_behind_restores_state_from_the_checkpoint(
+    job, caplog, monkeypatch
+):
+    """The shadow holds still (its rounds skipped, as a standby too slow to keep up would
+    leave it) while the leader runs on until its log no longer lists a checkpoint the shadow
+    keeps in force: the leader pruned what the shadowed state may still need. The takeover
+    drops the shadow, says why, restores state from the checkpoint as without a shadow, and
+    the output stays exact."""
+    caplog.set_level(logging.INFO, logger="dstream")
+    leader = job.start()
+    job.run(leader, 2)
+    standby = InProcessStandby(job)
+    standby.wait_until_shadowed(job.now_ms)
+    shadow = standby.shadow
+    wait_until(hold_still(shadow, monkeypatch).is_set, STEP_TIMEOUT_S)
+    shadowed_ms = shadow.stepped_ms
+    kept = [p for s in standby.ssc._graph.streams for _t, p in s.checkpoint_data.in_force]
+    run_until_pruned(job, leader, kept)
+    leader.stop(stopSparkContext=False)
+    gone = next(path for path in kept if path not in checkpoints_listed(job))
+    ssc = standby.leads()
+    assert shadow.stepped_ms == shadowed_ms  # it computed nothing while held
+    assert (
+        f"taking over without the shadowed state (it fell behind: {gone} is no longer in the "
+        "log)" in caplog.text
+    )
+    assert SHADOWED not in caplog.text
+    restored = ssc._scheduler.recovery.restored_state
+    assert restored and min(restored.values()) > shadowed_ms, restored  # from the checkpoint
+    job.run(ssc, 3)
+    ssc.stop(stopSparkContext=False)
+    assert_exact(job)
+
+
+def hold_still(shadow: Shadow, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Make the follower's rounds skip the shadow's work from now on; set once a round has
+    been skipped (so no round that started before is still computing)."""
+    skipped = threading.Event()
+
+    def skip(stop: threading.Event) -> int:
+        skipped.set()
+        return 0
+
+    monkeypatch.setattr(shadow, "catch_up", skip)
+    return skipped
+
+
+def checkpoints_listed(job: InProcessJob) -> set[str]:
+    """Every state checkpoint the commits in the job's log still list."""
+    found = CheckpointDir(job.job.checkpoint).load_log(tidy=False).state_checkpoints()
+    return {path for kept in found.values() for _time, path in kept}
+
+
+def run_until_pruned(job: InProcessJob, leader: StreamingContext, kept: list[str]) -> None:
+    """Run the leader batch by batch until its log no longer lists one of `kept`; a leader
+    that never prunes it within 30 batches fails the test."""
+    for _ in range(30):
+        job.run(leader, 1)
+        if not set(kept) <= checkpoints_listed(job):
+            return
+    raise AssertionError(f"the leader still lists all of {kept} after 30 batches")
+
+
+def test_a_standby_is_warm_only_once_its_shadow_holds_the_leaders_newest_commit(
+    job, caplog, monkeypatch
+):
+    """The leader commits another batch while the shadow restores its state (as on a loaded
+    machine, where that start took 3 minutes): the standby must not say it is warm before its
+    shadow has computed that batch too."""
+    caplog.set_level(logging.INFO, logger="dstream")
+    leader = job.start()
+    job.run(leader, 2)  # a state checkpoint at 2 s: the shadow's start restores it
+    started = threading.Event()
+
+    def start_then_lead_on(self: Shadow, found: Any) -> bool:
+        if not real_start(self, found):
+            return False
+        if not started.is_set():
+            started.set()
+            job.run(leader, 1)
+        return True
+
+    real_start = Shadow._start
+    monkeypatch.setattr(Shadow, "_start", start_then_lead_on)
+    standby = InProcessStandby(job)
+    shadow = standby.shadow
+    wait_until(lambda: warm(caplog.text), STEP_TIMEOUT_S)
+    assert started.is_set()
+    assert shadow.failure is None, shadow.failure
+    assert shadow.stepped_ms == job.now_ms  # the batch committed during its start, too
+    leader.stop(stopSparkContext=False)
+    ssc = standby.leads()
+    job.run(ssc, 2)
     ssc.stop(stopSparkContext=False)
     assert_exact(job)

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+JOB_DESCRIPTION = "spark.job.description"  # what Spark's UI and event log show of a job
+
 
 class ShadowStepError(RuntimeError):
     """A committed batch the shadow could not compute as its leader did."""
@@ -74,8 +76,12 @@ class Shadow:
         stepped = 0
         try:
             found = self._checkpoint.load_log(tidy=False)
-            if self.restored is None and not self._start(found):
-                return 0
+            if self.restored is None:
+                if not self._start(found):
+                    return 0
+                # The leader went on while the state was restored (minutes on a loaded machine):
+                # a round that stepped nothing of a stale log would call the shadow caught up.
+                found = self._checkpoint.load_log(tidy=False)
             assert self.stepped_ms is not None
             for time_ms in sorted(t for t in found.commits if t > self.stepped_ms):
                 if stop.is_set():
@@ -120,9 +126,21 @@ class Shadow:
         return True
 
     def _step(self, time_ms: int, found: LogState) -> None:
-        """Compute the committed batch at time_ms: its input ranges from its record, its state
-        from the leader's state checkpoint of that time when there is one, else stepped from
-        the previous state; then forget what the leader's batch forgot."""
+        """Compute the committed batch at time_ms, its Spark jobs described as its shadow (the
+        standby's UI and event log tell them from the follower's other jobs, and set them
+        beside the leader's `batch ...`: tests/fault/standby_cost.py times them so)."""
+        previous = self._sc.getLocalProperty(JOB_DESCRIPTION)  # None: unset again after
+        description = f"standby: shadow of batch {datetime_of(time_ms)}"
+        self._sc.setLocalProperty(JOB_DESCRIPTION, description)
+        try:
+            self._compute(time_ms, found)
+        finally:
+            self._sc.setLocalProperty(JOB_DESCRIPTION, previous)
+
+    def _compute(self, time_ms: int, found: LogState) -> None:
+        """The batch's input ranges from its record, its state from the leader's state
+        checkpoint of that time when there is one, else stepped from the previous state; then
+        forget what the leader's batch forgot."""
         record = found.records.get(time_ms)
         if record is not None:
             self._recovery.replay(time_ms, record)
@@ -152,12 +170,17 @@ class Shadow:
 
     def _restore(self, stream: DStream, path: str, time_ms: int) -> None:
         """The stream's state of time_ms from the leader's checkpoint of it. One the leader has
-        pruned already (the shadow lags behind a leader catching up) is computed instead, its
-        lineage cut at a later one; one that is there but unreadable ends the shadow."""
-        if not local_path(path).exists():
-            log.info("standby: state checkpoint %s pruned already: computing it instead", path)
+        pruned, before or while the shadow read it (the shadow lags behind a leader catching
+        up), is computed instead, its lineage cut at a later one; one that is there but
+        unreadable ends the shadow."""
+        rdd = None
+        if local_path(path).exists():
+            rdd = self._recovery.read_checkpoint(stream, path, [])
+        if rdd is None and not local_path(path).exists():
+            log.info(
+                "standby: state checkpoint %s pruned by the leader: computing it instead", path
+            )
             return
-        rdd = self._recovery.read_checkpoint(stream, path, [])
         if rdd is None:
             raise ShadowStepError(f"state checkpoint {path} unreadable")
         stream._restore(time_ms, rdd)
