@@ -115,7 +115,9 @@ def dump_run(partial: Path) -> None:
     conf = SparkConf().setAll([*pydaemon.SPARK_CONF.items(), *pools.SPARK_CONF.items()])
     conf.setMaster("local[2]").setAppName("dstream-jvm-archive")
     # -Xlog: the dump lists every class it cannot keep (hundreds of generated ones) as a warning
-    conf.set("spark.driver.extraJavaOptions", f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds*=error")
+    conf.set(
+        "spark.driver.extraJavaOptions", f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds*=error"
+    )
     conf.set("spark.ui.showConsoleProgress", "false")
     sc = SparkContext(conf=conf)
     with tempfile.TemporaryDirectory(prefix="dstream-jvm-archive-") as scratch:
