@@ -45,7 +45,8 @@ def test_the_archive_goes_to_the_driver_and_executor_jvms_after_the_jobs_options
     archive.write_bytes(b"an archive")
     monkeypatch.setenv(jvm_archive.ENV, str(archive))
     conf = spark_conf(job(sparkConf={"spark.executor.extraJavaOptions": "-Dmine=1"}), None, {})
-    assert conf.get("spark.driver.extraJavaOptions") == f"-XX:SharedArchiveFile={archive}"
+    # a SparkConf starts from a running JVM's settings (the test session's, its JIT option)
+    assert conf.get("spark.driver.extraJavaOptions").endswith(f"-XX:SharedArchiveFile={archive}")
     assert conf.get("spark.executor.extraJavaOptions") == (
         f"-Dmine=1 -XX:SharedArchiveFile={archive}"
     )
@@ -56,7 +57,7 @@ def test_no_archive_file_or_an_empty_setting_adds_no_option(tmp_path, monkeypatc
         monkeypatch.setenv(jvm_archive.ENV, setting)
         conf = spark_conf(job(), None, {"spark.driver.extraJavaOptions": "-Dmine=1"})
         assert conf.get("spark.driver.extraJavaOptions") == "-Dmine=1"
-        assert conf.get("spark.executor.extraJavaOptions") is None
+        assert "SharedArchiveFile" not in (conf.get("spark.executor.extraJavaOptions") or "")
 
 
 def test_the_spark_context_does_not_wait_for_executors_unless_the_spec_says_so():
