@@ -16,26 +16,20 @@ import yaml
 from dstream.service import jvm_archive
 from dstream.service.job import spark_conf
 from dstream.spec import parse_job
+from running_driver import manifest
 
 ARCHIVED = "source: shared objects file (top)"  # -Xlog:class+load's word for the archive's
 
 
-def manifest(**spec_extra) -> dict:
-    return {
-        "apiVersion": "dstream.dev/v1alpha1",
-        "kind": "StreamingJob",
-        "metadata": {"name": "restart"},
-        "spec": {
-            "batchInterval": "1s",
-            "app": {"builtin": "wordcount"},
-            "source": {"type": "rate", "rate": {"recordsPerSecond": 10}},
-            **spec_extra,
-        },
-    }
+RATE_WORDCOUNT = {
+    "batchInterval": "1s",
+    "app": {"builtin": "wordcount"},
+    "source": {"type": "rate", "rate": {"recordsPerSecond": 10}},
+}
 
 
 def job(**spec_extra):
-    return parse_job(manifest(**spec_extra))
+    return parse_job(manifest("restart", {**RATE_WORDCOUNT, **spec_extra}))
 
 
 def test_the_archive_goes_to_the_driver_and_executor_jvms_after_the_jobs_options(
@@ -94,7 +88,7 @@ DRIVER = textwrap.dedent(
 def test_the_driver_and_executor_jvms_load_spark_from_the_installations_archive(tmp_path):
     assert jvm_archive.archive_path() is not None, "no archive: `make setup` makes it"
     path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(manifest()))
+    path.write_text(yaml.safe_dump(manifest("restart", RATE_WORDCOUNT)))
     driver_log, executor_log = tmp_path / "driver.log", tmp_path / "executor.log"
     subprocess.run(
         [sys.executable, "-c", DRIVER, str(driver_log), str(executor_log), str(path)],

@@ -6,21 +6,20 @@ from __future__ import annotations
 
 from dstream.service.job import spark_conf
 from dstream.spec import parse_job
+from running_driver import manifest
 
 
 def job(**spec_extra):
     return parse_job(
-        {
-            "apiVersion": "dstream.dev/v1alpha1",
-            "kind": "StreamingJob",
-            "metadata": {"name": "stragglers"},
-            "spec": {
+        manifest(
+            "stragglers",
+            {
                 "batchInterval": "1s",
                 "app": {"builtin": "wordcount"},
                 "source": {"type": "rate", "rate": {"recordsPerSecond": 10}},
                 **spec_extra,
             },
-        }
+        )
     )
 
 
