@@ -304,11 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     print("batch  " + " ".join(f"{c:>10}" for c in COLUMNS))
     for batch, row in zip(batches, rows, strict=True):
         print(f"{batch.time_ms % 100_000:>6} " + " ".join(f"{row[c]:>10}" for c in COLUMNS))
-    steady = rows[WINDOW_BATCHES * 1000 // args.batch_interval :] or rows
+    filling = WINDOW_BATCHES * 1000 // args.batch_interval  # the batches before the window is full
+    steady = rows[filling:] or rows
     medians = {c: statistics.median(r[c] for r in steady) for c in COLUMNS}
     print(f"median of the last {len(steady)} " + " ".join(f"{medians[c]:>10g}" for c in COLUMNS))
     if args.stages:
         by_batch = stages_by_batch(events)
-        skip = WINDOW_BATCHES * 1000 // args.batch_interval
-        print_stage_medians([by_batch.get(b.time_ms, []) for b in batches[skip:] or batches])
+        print_stage_medians([by_batch.get(b.time_ms, []) for b in batches[filling:] or batches])
     return 0
