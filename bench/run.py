@@ -72,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         help="kafka: every trial reads a topic fed at its rate on a broker started for the run "
         "(bench/README.md, 'Kafka'); trials only, add --no-recovery",
     )
+    parser.add_argument(
+        "--master",
+        default="local[2]",
+        help="the Spark master of every system's JVM, e.g. local-cluster[2,1,1024] (rows are "
+        "named after it); other than local[2] excludes the recovery experiments",
+    )
     parser.add_argument("--busy-cores", type=float, default=0.25, help="others' CPU limit")
     parser.add_argument("--busy-block", type=float, default=10.0, help="seconds per stretch")
     parser.add_argument("--retries", type=int, default=2, help="redos of a busy trial")
@@ -100,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     recovers = not (args.quick or args.allow_load or args.no_recovery)
     if plan.batch_ms != 1000 and recovers:
         parser.error(f"--batch-interval {plan.batch_ms}: trials only; add --no-recovery")
+    if args.master != "local[2]" and recovers:
+        parser.error(f"--master {args.master}: trials only; add --no-recovery")
     if args.source == "kafka" and recovers:
         parser.error("--source kafka: trials only; add --no-recovery")
     variants = set(args.variants.split(",")) if args.variants else None
@@ -156,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                 tables.setdefault(daemon, {}),
                 measured,
                 broker.bootstrap if broker else None,
+                args.master,
             )
     finally:
         if broker is not None:

@@ -306,6 +306,21 @@ def test_recovery_runs_at_half_of_the_systems_own_confirmed_maximum():
     assert recovery_subject("pyspark.streaming", table, "dstream.worker.pydaemon") is None
 
 
+def test_repeated_kills_count_a_recovery_not_seen_as_the_longest():
+    from bench.recovery.faults import percentiles
+
+    kill = {"baseline_ms": 500, "peak_ms": 3000, "recovered": True, "timeline": []}
+    each = [kill | {"recovery_s": float(s)} for s in (1, 2, 3, 4, 5, 6, 7, 8, 9)]
+    each.append({"baseline_ms": 500, "peak_ms": 9000, "recovered": False, "recovery_s": None})
+    summary = percentiles(each, batch_ms=2000)
+    assert (summary["kills"], summary["recovered"]) == (10, 9)
+    assert summary["recovery_p50_s"] == 5.0 and summary["recovery_p50_intervals"] == 2.5
+    assert summary["recovery_p90_s"] == 9.0
+    assert all("timeline" not in k for k in summary["each"])
+    one_more_lost = [*each[:8], each[9], each[9]]
+    assert percentiles(one_more_lost, batch_ms=1000)["recovery_p90_s"] is None
+
+
 MACHINE = {"cores": 2, "cpu": "x", "memory_gb": 1, "os": "y", "python": "3.11"}
 MACHINE |= {"pyspark": "4", "java": "17"}
 RUN = {

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 import subprocess
@@ -157,24 +158,68 @@ def summarize(before: list[dict[str, Any]], after: list[dict[str, Any]], fault_m
     }
 
 
-def executor_kill(subject: Subject) -> dict[str, Any]:
-    """One executor JVM of a local-cluster killed after BEFORE batches."""
+def executor_kill(subject: Subject, kills: int = 1, every: int = AFTER) -> dict[str, Any]:
+    """Executor JVMs of a local-cluster killed in turn, the first once the job is on schedule
+    after BEFORE batches, each later one once it is again and at least `every` batches after
+    the one before (subject.py); one kill's summary, or with several, each one's and their
+    percentiles."""
     checkpoint = tempfile.mkdtemp(prefix=f"bench-recovery-{subject.system}-")
-    extra = ("--kill-executor-after", str(BEFORE))
-    command = recover_command(subject, checkpoint, BEFORE + AFTER, LOCAL_CLUSTER, *extra)
+    extra = (
+        "--kill-executor-after",
+        str(BEFORE),
+        "--kills",
+        str(kills),
+        "--kill-every",
+        str(every),
+    )
+    batches = BEFORE + kills * every
+    command = recover_command(subject, checkpoint, batches, LOCAL_CLUSTER, *extra)
     run = RecoverProcess(command, f"recovery-executor-{subject.system}.log")
     try:
-        run.finish(timeout_s=6 * (BEFORE + AFTER) * subject.batch_ms / 1000 + 120)
+        run.finish(timeout_s=6 * 4 * batches * subject.batch_ms / 1000 + 120)
     finally:
         shutil.rmtree(checkpoint, ignore_errors=True)
-    killed = [e for e in run.events if e["event"] == "killed"]
-    if not killed or killed[0].get("pid") is None:
-        return {"error": "no executor was killed (see the log)", "batches": len(run.batches())}
-    fault_ms = killed[0]["ms"]
-    batches = run.batches()
-    before = [b for b in batches if b["end_ms"] < fault_ms]
-    after = [b for b in batches if b["end_ms"] >= fault_ms]
-    return summarize(before, after, fault_ms)
+    killed = [e["ms"] for e in run.events if e["event"] == "killed" and e.get("pid") is not None]
+    if len(killed) < kills:
+        return {"error": f"{len(killed)} of {kills} executors killed (see the log)"}
+    batches_run = run.batches()
+    ends = [*killed[1:], None]
+    each = [
+        summarize(
+            [b for b in batches_run if previous <= b["end_ms"] < fault_ms],
+            [
+                b
+                for b in batches_run
+                if fault_ms <= b["end_ms"] and (end is None or b["end_ms"] < end)
+            ],
+            fault_ms,
+        )
+        for previous, fault_ms, end in zip([0, *killed[:-1]], killed, ends, strict=True)
+    ]
+    return each[0] if kills == 1 else percentiles(each, subject.batch_ms)
+
+
+def percentiles(each: list[dict[str, Any]], batch_ms: int) -> dict[str, Any]:
+    """p50 and p90 of the recovery time over several kills, a recovery not seen before the next
+    kill counting as the longest; in seconds and in batch intervals, the kills listed."""
+    recovered = [k["recovery_s"] for k in each if k.get("recovered")]
+    times = sorted(k["recovery_s"] if k.get("recovered") else float("inf") for k in each)
+
+    def at(share: float) -> float | None:
+        value = times[math.ceil(share * len(times)) - 1]  # nearest rank
+        return None if value == float("inf") else value
+
+    p50, p90 = at(0.5), at(0.9)
+    return {
+        "kills": len(each),
+        "recovered": len(recovered),
+        "recovery_p50_s": p50,
+        "recovery_p90_s": p90,
+        "recovery_p50_intervals": None if p50 is None else p50 * 1000 / batch_ms,
+        "baseline_ms": statistics.median(k["baseline_ms"] for k in each),
+        "peak_p50_ms": statistics.median(k.get("peak_ms", 0) for k in each),
+        "each": [{key: v for key, v in k.items() if key != "timeline"} for k in each],
+    }
 
 
 def driver_restart(subject: Subject, master: str) -> dict[str, Any]:
@@ -257,6 +302,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a Spark setting for the subject, over the shared ones (repeatable): A/B runs",
     )
     parser.add_argument(
+        "--kills", type=int, default=1, help="executor fault: executors killed in turn"
+    )
+    parser.add_argument(
+        "--kill-every", type=int, default=20, help="executor fault: batches at least between kills"
+    )
+    parser.add_argument(
         "--log-level", default="ERROR", help="the subject driver's Spark log level (its log)"
     )
     parser.add_argument(
@@ -276,7 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         args.batch_ms,
     )
     kind, master = args.fault.split(", ")
-    result = driver_restart(subject, master) if kind == "driver" else executor_kill(subject)
+    if kind == "driver":
+        result = driver_restart(subject, master)
+    else:
+        result = executor_kill(subject, args.kills, args.kill_every if args.kills > 1 else AFTER)
     print(json.dumps({k: v for k, v in result.items() if k != "timeline"}, indent=1))
     delays = (f"{b['t_s']:.1f}s:{b['delay_ms']}ms" for b in result.get("timeline", []))
     print("timeline (since the fault: delay):", " ".join(delays), file=sys.stderr)

@@ -2,7 +2,10 @@
 
 `--kill-executor-after N` (with a local-cluster master) SIGKILLs one executor JVM after N
 batches, as a lost node; the lost cached state is recomputed (DStreams: from lineage and the last
-state checkpoint; Structured Streaming: from the state store's files). For a driver restart, the
+state checkpoint; Structured Streaming: from the state store's files). With `--kills K`, K
+executors in turn: each once the job is back on schedule (a batch started on time) and at least
+`--kill-every M` batches after the one before (at most 4 M: a job that does not get back is
+killed again all the same, and its recovery counts as not seen). For a driver restart, the
 parent SIGKILLs this whole process group and starts it again on the same checkpoint.
 """
 
@@ -17,7 +20,7 @@ import psutil
 from pyspark import SparkContext
 
 from bench.common import DAEMONS, PARTITIONS, emit, spark_conf
-from bench.throughput.systems import SYSTEM_CLASSES, Batch, StructuredSystem
+from bench.throughput.systems import SYSTEM_CLASSES, Batch, StructuredSystem, System
 
 
 def kill_one_executor() -> int | None:
@@ -32,6 +35,21 @@ def kill_one_executor() -> int | None:
     return None
 
 
+def kill_executors(
+    system: System, first_after: int, kills: int, every: int, deadline: float
+) -> int:
+    """`kills` executors killed in turn, each reported (see the module docstring); the number
+    of batches the run needs after the last kill."""
+    since = first_after
+    for _ in range(kills):
+        system.wait_for(since, deadline)
+        settle_by = time.monotonic() + 3 * max(every, first_after) * system.batch_ms / 1000
+        system.wait_until_on_schedule(since, min(deadline, settle_by))
+        emit(event="killed", ms=int(time.time() * 1000), pid=kill_one_executor())
+        since = system.completed() + every
+    return since
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--system", choices=sorted(SYSTEM_CLASSES), required=True)
@@ -42,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--batches", type=int, required=True, help="stop after this many")
     parser.add_argument("--kill-executor-after", type=int, default=None)
+    parser.add_argument("--kills", type=int, default=1, help="executors killed in turn")
+    parser.add_argument("--kill-every", type=int, default=20, help="batches between kills")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--partitions", type=int, default=PARTITIONS)
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
@@ -65,10 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         emit(event="started", ms=int(time.time() * 1000))
         deadline = time.monotonic() + 3 * args.batches * args.batch_ms / 1000 + 60
         try:
+            batches = args.batches
             if args.kill_executor_after is not None:
-                system.wait_for(args.kill_executor_after, deadline)
-                emit(event="killed", ms=int(time.time() * 1000), pid=kill_one_executor())
-            system.wait_for(args.batches, deadline)
+                needed = kill_executors(
+                    system, args.kill_executor_after, args.kills, args.kill_every, deadline
+                )
+                batches = max(batches, needed)
+            system.wait_for(batches, deadline)
         finally:
             stop()
     finally:

@@ -307,14 +307,16 @@ def run_table(
     table: dict[str, Any],
     measured: Callable[[str], None],
     kafka: str | None = None,
+    master: str = "local[2]",
 ) -> None:
     """Every (system, variant) on `daemon` into `table` ({workload: {"system/variant": row}}),
     calling `measured` with each workload when its rows are in. With `kafka` (a broker's
     bootstrap), every trial reads a topic fed on it (rows named "(kafka)"); a system without
-    a Kafka source gets a row saying so, and Structured Streaming runs its expert formulation."""
+    a Kafka source gets a row saying so, and Structured Streaming runs its expert formulation.
+    Every system's JVM runs `master`; rows of another than local[2] are named after it."""
     readers = [s for s in systems if kafka is None or SYSTEM_CLASSES[s].reads_kafka]
     progress(f"== worker daemon {daemon}: starting {', '.join(readers)}")
-    workers = {system: Worker(system, daemon, kafka=kafka) for system in readers}
+    workers = {system: Worker(system, daemon, master, kafka) for system in readers}
     pairs = [
         (system, variant)
         for system in readers
@@ -327,6 +329,7 @@ def run_table(
             progress(f"== {workload} on {daemon}: {len(pairs)} searches, interleaved")
             rows = search_workload(workers, pairs, workload, plan, gate)
             suffix = source + ("" if plan.batch_ms == 1000 else f" ({plan.batch_ms} ms batches)")
+            suffix += "" if master == "local[2]" else f" ({master})"
             table.setdefault(workload, {}).update(
                 {f"{s}/{v}{suffix}": row for (s, v), row in rows.items()}
             )

@@ -117,6 +117,20 @@ class System:
                 lambda: len(self._batches) >= count, max(0.0, deadline - time.monotonic())
             )
 
+    def completed(self) -> int:
+        return len(self._batches)
+
+    def wait_until_on_schedule(self, since: int, deadline: float) -> None:
+        """Until a batch from number `since` on started on time (within ON_TIME of an interval:
+        the job's queue has drained) or the deadline passes."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: any(
+                    b.scheduling_ms <= self.batch_ms * ON_TIME for b in self._batches[since:]
+                ),
+                max(0.0, deadline - time.monotonic()),
+            )
+
     def run(
         self,
         workload: str,
