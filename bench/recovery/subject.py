@@ -3,9 +3,10 @@
 `--kill-executor-after N` (with a local-cluster master) SIGKILLs one executor JVM after N
 batches, as a lost node; the lost cached state is recomputed (DStreams: from lineage and the last
 state checkpoint; Structured Streaming: from the state store's files). With `--kills K`, K
-executors in turn: each once the job is back on schedule (a batch started on time) and at least
-`--kill-every M` batches after the one before (at most 4 M: a job that does not get back is
-killed again all the same, and its recovery counts as not seen). For a driver restart, the
+executors in turn. Each kill, the first too, waits until the job is on schedule (ON_SCHEDULE
+batches in a row started on time) and at least `--kill-every M` batches after the one before
+(at most 4 M: a job that does not get back is killed again all the same, and its recovery counts
+as not seen). For a driver restart, the
 parent SIGKILLs this whole process group and starts it again on the same checkpoint.
 """
 
@@ -21,6 +22,8 @@ from pyspark import SparkContext
 
 from bench.common import DAEMONS, PARTITIONS, emit, spark_conf
 from bench.throughput.systems import SYSTEM_CLASSES, Batch, StructuredSystem, System
+
+ON_SCHEDULE = 10  # batches in a row started on time before a kill: the job is in its steady state
 
 
 def kill_one_executor() -> int | None:
@@ -44,7 +47,7 @@ def kill_executors(
     for _ in range(kills):
         system.wait_for(since, deadline)
         settle_by = time.monotonic() + 3 * max(every, first_after) * system.batch_ms / 1000
-        system.wait_until_on_schedule(since, min(deadline, settle_by))
+        system.wait_until_on_schedule(since, ON_SCHEDULE, min(deadline, settle_by))
         emit(event="killed", ms=int(time.time() * 1000), pid=kill_one_executor())
         since = system.completed() + every
     return since

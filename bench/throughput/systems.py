@@ -120,16 +120,16 @@ class System:
     def completed(self) -> int:
         return len(self._batches)
 
-    def wait_until_on_schedule(self, since: int, deadline: float) -> None:
-        """Until a batch from number `since` on started on time (within ON_TIME of an interval:
-        the job's queue has drained) or the deadline passes."""
+    def wait_until_on_schedule(self, since: int, in_a_row: int, deadline: float) -> None:
+        """Until `in_a_row` batches in a row from number `since` on started on time (within
+        ON_TIME of an interval: the job's queue has drained) or the deadline passes."""
+
+        def on_schedule() -> bool:
+            late = [b.scheduling_ms > self.batch_ms * ON_TIME for b in self._batches[since:]]
+            return len(late) >= in_a_row and not any(late[-in_a_row:])
+
         with self._changed:
-            self._changed.wait_for(
-                lambda: any(
-                    b.scheduling_ms <= self.batch_ms * ON_TIME for b in self._batches[since:]
-                ),
-                max(0.0, deadline - time.monotonic()),
-            )
+            self._changed.wait_for(on_schedule, max(0.0, deadline - time.monotonic()))
 
     def run(
         self,
