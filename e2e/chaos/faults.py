@@ -7,7 +7,7 @@ Figures (seconds):
   deletion until a batch started after it committed on schedule again;
 - driver loss: from the deletion to the first batch committed by the new driver, with every
   phase of the new leader's recovery timeline from its log (its pod's start included), and
-  the steps of its SparkContext's start and of each of its executor pods' (e2e/chaos/startup.py);
+  the steps of each of its executor pods' start (e2e/chaos/startup.py);
 - with a standby (`driver.standby`), the leader's loss: the leading driver pod (the job Lease's
   holder) is deleted with no grace period (the API object goes at once; the kubelet still sends
   SIGTERM and kills 2 s later, so a leader that releases the Lease in that time hands over at

@@ -1,12 +1,12 @@
-"""Where a new driver's start goes between its SparkContext and its executors: the moments its
-own Spark log and each of its executor pods show, read against the fault.
+"""Where a new driver's start goes between its SparkContext and its executors: the moments each
+of its executor pods shows, read against the fault.
 
 The recovery timeline (dstream.runtime.timeline) says when the executors had registered; this
 splits that up per executor pod: created, scheduled, its container started (the API server's
 times, whole seconds), then, from the container's log with the runtime's timestamps
 (nanoseconds), the executor JVM's first line, its connection to the driver and its
-registration. The driver's own Spark log gives the SparkContext's steps the same way. A line a
-log does not show (another Spark version's wording, a log level above INFO) is left out.
+registration. A line a log does not show (another Spark version's wording) is left out. (The
+driver's own Spark log says nothing of its SparkContext's steps: it logs at WARN.)
 """
 
 from __future__ import annotations
@@ -18,14 +18,8 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e.chaos.cluster import Cluster
 
-# Spark's INFO lines that mark the steps of a SparkContext's start on Kubernetes.
-DRIVER_MARKS = {
-    "context_started": "SparkContext: Running Spark version",
-    "rpc_up": "Successfully started service 'sparkDriver'",
-    "executors_requested": "Going to request",
-    "context_ready": "SchedulerBackend is ready for scheduling",
-}
-# And those of an executor's (CoarseGrainedExecutorBackend, as KubernetesExecutorBackend).
+# The INFO lines of an executor's start (CoarseGrainedExecutorBackend, as
+# KubernetesExecutorBackend).
 EXECUTOR_MARKS = {
     "jvm_logging": "Started daemon with process name",
     "connecting": "Connecting to driver",
@@ -95,10 +89,8 @@ def describe(marks: dict[str, float], since: float) -> str:
 def breakdown(
     cluster: Cluster, namespace: str, job: str, driver: client.V1Pod, since: float
 ) -> list[str]:
-    """One line for the driver's SparkContext and one per executor pod, each mark in seconds
-    after `since` (the fault)."""
-    name = driver.metadata.name
-    lines = [f"{name} Spark: {describe(log_marks(cluster, namespace, name, DRIVER_MARKS), since)}"]
+    """One line per executor pod of `driver`, each mark in seconds after `since` (the fault)."""
+    lines = []
     for pod in executor_pods(cluster, namespace, job, driver.metadata.uid):
         executor = pod.metadata.name
         marks = pod_marks(pod) | log_marks(cluster, namespace, executor, EXECUTOR_MARKS)
