@@ -44,6 +44,11 @@ RUN python3 -c 'import tomllib; print("\n".join(tomllib.load(open("/src/pyprojec
     && pip install -r /tmp/requirements.txt "setuptools>=70.1" \
     && rm /tmp/requirements.txt
 
+# Where Java lives, so that an executor's entrypoint need not start a JVM to ask
+# (`java -XshowSettings:properties`) before it starts the executor's.
+RUN ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /opt/java
+ENV JAVA_HOME=/opt/java
+
 # The project itself: the engine, the API and the operator.
 COPY README.md* /src/
 COPY driver /src/driver
@@ -52,6 +57,12 @@ COPY operator /src/operator
 RUN pip install --no-deps --no-build-isolation /src \
     && install -m 0755 /src/operator/image/entrypoint.sh /usr/local/bin/dstream-entrypoint \
     && rm -rf /src
+
+# Spark's classes, parsed and verified, which the driver's and the executors' JVMs map instead
+# of loading them again at every start (dstream/service/jvm_archive.py; made again whenever the
+# project changes, since it comes from a run of the project's own code).
+RUN SPARK_LOCAL_IP=127.0.0.1 python -m dstream.service.jvm_archive \
+    && rm -rf /tmp/*
 
 # Example job modules (`module: jobs.<name>:build`), importable by drivers and executors.
 COPY --chown=185:185 examples /opt/dstream/examples

@@ -18,9 +18,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Spark's classes, parsed and verified, for the JVMs of drivers and executors to map instead of
-# loading them (dstream/service/jvm_archive.py): made again whenever the packages are. Without
-# it (no Java yet) everything works, only the JVMs start slower.
-$(JVM_ARCHIVE): $(STAMP)
+# loading them (dstream/service/jvm_archive.py): made again whenever the packages are, or the
+# module that makes it (its class path is the JVMs'). Without it (no Java yet) everything
+# works, only the JVMs start slower.
+$(JVM_ARCHIVE): $(STAMP) driver/dstream/service/jvm_archive.py
 	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/python -m dstream.service.jvm_archive --output $@ \
 		|| echo "warning: no class archive for the JVMs (make setup tries again)" >&2
 

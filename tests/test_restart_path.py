@@ -46,12 +46,29 @@ def test_the_archive_goes_to_the_driver_and_executor_jvms_after_the_jobs_options
     )
 
 
+def test_the_archives_class_path_heads_the_driver_and_executor_class_paths(tmp_path, monkeypatch):
+    """A JVM maps the archive only if its class path begins with the dump's: Spark's jars one
+    by one in a fixed order, before the job's own class path."""
+    archive = tmp_path / "classes.jsa"
+    archive.write_bytes(b"an archive")
+    monkeypatch.setenv(jvm_archive.ENV, str(archive))
+    head = jvm_archive.class_path()
+    jars = head.split(os.pathsep)
+    assert len(jars) > 100 and jars == sorted(jars)
+    assert all(jar.endswith(".jar") and os.path.isfile(jar) for jar in jars)
+    assert any(os.path.basename(jar).startswith("spark-core_") for jar in jars)
+    conf = spark_conf(job(sparkConf={"spark.executor.extraClassPath": "/opt/mine.jar"}), None, {})
+    assert conf.get("spark.driver.extraClassPath") == head
+    assert conf.get("spark.executor.extraClassPath") == f"{head}{os.pathsep}/opt/mine.jar"
+
+
 def test_no_archive_file_or_an_empty_setting_adds_no_option(tmp_path, monkeypatch):
     for setting in (str(tmp_path / "missing.jsa"), ""):
         monkeypatch.setenv(jvm_archive.ENV, setting)
         conf = spark_conf(job(), None, {"spark.driver.extraJavaOptions": "-Dmine=1"})
         assert conf.get("spark.driver.extraJavaOptions") == "-Dmine=1"
         assert "SharedArchiveFile" not in (conf.get("spark.executor.extraJavaOptions") or "")
+        assert jvm_archive.with_archive({"spark.master": "local"}) == {"spark.master": "local"}
 
 
 def test_the_spark_context_does_not_wait_for_executors_unless_the_spec_says_so():

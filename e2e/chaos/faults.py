@@ -6,7 +6,8 @@ Figures (seconds):
   running or started before the job was back on schedule (the spike), and the time from the
   deletion until a batch started after it committed on schedule again;
 - driver loss: from the deletion to the first batch committed by the new driver, with every
-  phase of the new leader's recovery timeline from its log (its pod's start included);
+  phase of the new leader's recovery timeline from its log (its pod's start included), and
+  the steps of each of its executor pods' start (e2e/chaos/startup.py);
 - with a standby (`driver.standby`), the leader's loss: the leading driver pod (the job Lease's
   holder) is deleted with no grace period (the API object goes at once; the kubelet still sends
   SIGTERM and kills 2 s later, so a leader that releases the Lease in that time hands over at
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from dstream.runtime.timeline import PHASES
 from kubernetes import client
 
+from e2e.chaos import startup
 from e2e.chaos.cluster import Cluster, pod_ready, wait_for
 from e2e.chaos.observer import Observer, Snapshot
 
@@ -75,8 +77,11 @@ class Figures:
 
     def add(self, kind: str, seconds: float, note: str) -> None:
         self.values.setdefault(kind, []).append(seconds)
-        self.notes.append(f"{kind}: {seconds:.1f} s ({note})")
-        print(f"  {kind}: {seconds:.1f} s ({note})", flush=True)
+        self.note(f"{kind}: {seconds:.1f} s ({note})")
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        print(f"  {text}", flush=True)
 
     def summary(self) -> list[str]:
         return [
@@ -268,7 +273,8 @@ class Chaos:
             timeout_s,
         )[0]
         snapshot = self.snapshot()
-        phases = self._new_leader_timeline(old_uids)
+        leader = self._new_leader(old_uids)
+        phases = self._timeline(leader.metadata.name, PHASES) if leader else {}
         after = "".join(f", {p} +{at - deleted_at:.1f} s" for p, at in phases.items())
         self.figures.add(
             kind,
@@ -278,6 +284,9 @@ class Chaos:
             f"name per attempt); its first commit: batch {first}, delay "
             f"{snapshot.delay(first):.1f} s{after}",
         )
+        if leader is not None:
+            for line in startup.breakdown(self.cluster, t.namespace, t.job, leader, deleted_at):
+                self.figures.note(f"{kind}: {line}")
         self.wait_until_running(timeout_s)
 
     def lose_leader(self, timeout_s: float, kind: str = "standby takeover") -> None:
@@ -339,16 +348,15 @@ class Chaos:
         found = dict(_TIMELINE.findall(self.cluster.pod_log(self.target.namespace, pod)))
         return {phase: float(found[phase]) for phase in phases if phase in found}
 
-    def _new_leader_timeline(self, old_uids: set[str]) -> dict[str, float]:
-        """Every phase of the recovery timeline of the new driver pod that took the lead (not
-        one of `old_uids`): on the restart path its own start-up is part of the recovery."""
+    def _new_leader(self, old_uids: set[str]) -> client.V1Pod | None:
+        """The new driver pod (not one of `old_uids`) that took the lead, as its recovery
+        timeline says: on the restart path its own start-up is part of the recovery."""
         t = self.target
         for pod in self.cluster.job_pods(t.namespace, t.job, "driver"):
             if pod.metadata.uid not in old_uids:
-                phases = self._timeline(pod.metadata.name, PHASES)
-                if "lead_taken" in phases:
-                    return phases
-        return {}
+                if "lead_taken" in self._timeline(pod.metadata.name, PHASES):
+                    return pod
+        return None
 
     def lose_pair(self, timeout_s: float) -> None:
         """Delete both drivers of a standby job at once: the restart path, as without one."""

@@ -552,6 +552,10 @@ def spark_conf(job: StreamingJob, owner: Owner, pod: str | None = None) -> dict[
         "spark.kubernetes.executor.podNamePrefix": executor_pod_prefix(pod),
         f"spark.kubernetes.executor.label.{JOB_LABEL}": owner.name,
         f"spark.kubernetes.executor.label.{ROLE_LABEL}": "executor",
+        # No ConfigMap of the driver's conf directory (the image has none) for each driver to
+        # create and each executor pod to mount; mounted, that directory would head the
+        # executors' class path, and their JVMs would refuse the class archive.
+        "spark.kubernetes.executor.disableConfigMap": "true",
         "spark.executor.instances": str(spec.executor.instances),
         "spark.executor.cores": str(spec.executor.cores),
         "spark.executor.memory": spec.executor.memory,

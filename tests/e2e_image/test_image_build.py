@@ -2,7 +2,8 @@
 without Kubernetes: its docker-archive names dstream:e2e, and unpacked and started the way a
 container runtime starts it (entrypoint, env, workdir, non-root user) it imports the project,
 validates the example job, runs it on local Spark, and starts Spark's Kubernetes executor backend
-for the `executor` argument. The archive also loads into containerd (e2e/image/load.sh, the same
+for the `executor` argument, whose JVM maps the class archive made at the build as a driver in
+the image gives it. The archive also loads into containerd (e2e/image/load.sh, the same
 script a real kubelet node uses)."""
 
 from __future__ import annotations
@@ -59,24 +60,64 @@ def test_java_is_debians_openjdk_17(image):
     assert 'version "17.' in result.stderr
 
 
+# An executor as Spark on Kubernetes describes it to the entrypoint, of a driver that is not
+# there: its JVM starts, then exits once it fails to connect. SPARK_CONF_DIR is set for every
+# executor, and names a directory only where the executors' ConfigMap is mounted (the operator
+# turns it off).
+EXECUTOR_ENV = {
+    "SPARK_EXECUTOR_MEMORY": "512m",
+    "SPARK_DRIVER_URL": "spark://CoarseGrainedScheduler@127.0.0.1:9",
+    "SPARK_EXECUTOR_ID": "1",
+    "SPARK_EXECUTOR_CORES": "1",
+    "SPARK_APPLICATION_ID": "spark-image-test",
+    "SPARK_EXECUTOR_POD_IP": "127.0.0.1",
+    "SPARK_RESOURCE_PROFILE_ID": "0",
+    "SPARK_EXECUTOR_POD_NAME": "image-test-exec-1",
+    "SPARK_CONF_DIR": "/opt/spark/conf",
+}
+# What a driver in the image gives its executors for the class archive (spark_conf).
+EXECUTOR_ARCHIVE_SETTINGS = (
+    "import json; from dstream.service.jvm_archive import with_archive;"
+    "print(json.dumps(with_archive({})))"
+)
+
+
 def test_executor_argument_starts_the_kubernetes_executor_backend(image):
     """No driver listens at the URL, so the JVM exits once it fails to connect: far enough to
     show that the entrypoint found Java and Spark's jars and started the right class as spark."""
-    env = {
-        "SPARK_EXECUTOR_MEMORY": "512m",
-        "SPARK_DRIVER_URL": "spark://CoarseGrainedScheduler@127.0.0.1:9",
-        "SPARK_EXECUTOR_ID": "1",
-        "SPARK_EXECUTOR_CORES": "1",
-        "SPARK_APPLICATION_ID": "spark-image-test",
-        "SPARK_EXECUTOR_POD_IP": "127.0.0.1",
-        "SPARK_RESOURCE_PROFILE_ID": "0",
-        "SPARK_EXECUTOR_POD_NAME": "image-test-exec-1",
-    }
-    result = image.run("executor", env=env, timeout=240)
+    result = image.run("executor", env=EXECUTOR_ENV, timeout=240)
     assert "KubernetesExecutorBackend: Started daemon" in result.stderr, result.stderr
     assert "Changing view acls to: spark" in result.stderr
     assert "Failed to connect to /127.0.0.1:9" in result.stderr
     assert result.returncode != 0
+
+
+def test_java_home_is_set_so_the_entrypoint_starts_no_jvm_to_find_it(image):
+    result = image.run("sh", "-c", 'test -x "$JAVA_HOME/bin/java" && echo "$JAVA_HOME"')
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "/opt/java"
+
+
+def test_an_executor_jvm_takes_sparks_classes_from_the_images_archive(image):
+    """The archive made at the image's build, given to an executor the way a driver in the
+    image gives it (its options as SPARK_JAVA_OPT_n, its class path as SPARK_CLASSPATH, which
+    Spark sets from spark.executor.extraClassPath): the executor JVM the entrypoint starts maps
+    it, so the class path the archive was made with heads the one the entrypoint builds."""
+    found = image.run("python", "-c", EXECUTOR_ARCHIVE_SETTINGS)
+    assert found.returncode == 0, found.stderr
+    settings = json.loads(found.stdout)
+    options = settings["spark.executor.extraJavaOptions"].split()
+    assert options == ["-XX:SharedArchiveFile=/opt/venv/share/dstream/spark-classes.jsa"]
+    env = {
+        **EXECUTOR_ENV,
+        "SPARK_CLASSPATH": settings["spark.executor.extraClassPath"],
+        "SPARK_JAVA_OPT_0": options[0],
+        "SPARK_JAVA_OPT_1": "-Xlog:class+load=info",
+    }
+    result = image.run("executor", env=env, timeout=240)
+    archived = "source: shared objects file (top)"
+    assert f"org.apache.spark.SparkConf {archived}" in result.stdout, result.stdout[-3000:]
+    assert f"org.apache.spark.rpc.netty.NettyRpcEnv {archived}" in result.stdout
 
 
 @pytest.mark.timeout(900, func_only=True)
@@ -91,6 +132,8 @@ def test_runs_the_example_job_on_local_spark(image):
     batches = [line for line in result.stdout.splitlines() if line.startswith("batch ")]
     assert batches and "records" in batches[0], result.stdout
     assert "dstream: job wordcount stopped" in result.stdout
+    # the driver's JVM maps the image's class archive (the JVM warns when it cannot)
+    assert "Unable to use shared archive" not in result.stdout + result.stderr
 
 
 @pytest.mark.timeout(1200, func_only=True)

@@ -191,6 +191,14 @@ def test_user_spark_conf_comes_last_and_wins():
     assert list(conf)[-1] == "spark.ui.enabled"
 
 
+def test_executors_get_no_config_map_unless_the_job_asks():
+    """Mounted, the ConfigMap's directory would head the executors' class path (SPARK_CONF_DIR
+    comes first in the entrypoint's), and their JVMs would refuse the class archive."""
+    key = "spark.kubernetes.executor.disableConfigMap"
+    assert resources.spark_conf(job(), OWNER)[key] == "true"
+    assert resources.spark_conf(job(sparkConf={key: "false"}), OWNER)[key] == "false"
+
+
 def test_volumes_reach_driver_and_executors():
     spec_job = job(
         volumes=[

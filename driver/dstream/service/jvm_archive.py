@@ -12,10 +12,12 @@ The archive is made once per installation, by `python -m dstream.service.jvm_arc
 setup` runs it for the project's virtualenv, the image's build for the image), and lives beside
 that installation (`<sys.prefix>/share/dstream/spark-classes.jsa`), because the JVM records the
 path, size and time of every jar it took classes from, and maps the archive only for a class
-path that begins with those same jars. It comes from a run in local mode, where the driver's JVM
-also runs the tasks, so that one archive holds the classes of both roles; `spark_conf` gives it
-to the driver and to the executors (the same jars, on the same machine or in the same image).
-A JVM that cannot use it (the jars or the JDK changed since) starts as it would without it.
+path that begins with those same jars, in the same order. It comes from a run in local mode,
+where the driver's JVM also runs the tasks, so that one archive holds the classes of both roles;
+`spark_conf` gives it to the driver and to the executors (the same jars, on the same machine or
+in the same image), with Spark's jars listed one by one at the head of their class paths
+(`class_path`). A JVM that cannot use it (the jars or the JDK changed since) starts as it would
+without it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 # Where to find the archive instead of the installation's own (empty: use none).
 ENV = "DSTREAM_JVM_ARCHIVE"
 JAVA_OPTIONS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+CLASS_PATHS = ("spark.driver.extraClassPath", "spark.executor.extraClassPath")
 DUMP_TIMEOUT_S = 600.0
 
 
@@ -48,14 +51,30 @@ def archive_path() -> Path | None:
     return path if path is not None and path.is_file() else None
 
 
+def class_path() -> str:
+    """Spark's jars one by one, sorted: the head of the class path of the JVM that makes the
+    archive and of every JVM given it. A JVM maps the archive only if its class path begins with
+    the dump's, entry by entry. Spark's own `jars/*` is expanded by the java launcher in the
+    order the directory lists its files, which the file system decides (an image built on one
+    machine lists them in another order on a node), so it is no such head; and on Kubernetes
+    the executors get the driver's extraClassPath (as SPARK_CLASSPATH) at the head of theirs."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    jars = Path(_find_spark_home()) / "jars"
+    return os.pathsep.join(str(jar) for jar in sorted(jars.glob("*.jar")))
+
+
 def with_archive(settings: dict[str, str]) -> dict[str, str]:
     """`settings` with the archive added to the driver's and the executors' JVM options (after
-    any the job sets), when there is one."""
+    any the job sets) and its class path put before theirs (a job's own jars come after
+    Spark's), when there is one."""
     path = archive_path()
     if path is None:
         return settings
     option = f"-XX:SharedArchiveFile={path}"
     added = {key: f"{settings.get(key, '')} {option}".strip() for key in JAVA_OPTIONS}
+    head = class_path()
+    added |= {key: os.pathsep.join(filter(None, (head, settings.get(key)))) for key in CLASS_PATHS}
     return {**settings, **added}
 
 
@@ -118,6 +137,7 @@ def dump_run(partial: Path) -> None:
     conf.set(
         "spark.driver.extraJavaOptions", f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds*=error"
     )
+    conf.set("spark.driver.extraClassPath", class_path())
     conf.set("spark.ui.showConsoleProgress", "false")
     sc = SparkContext(conf=conf)
     with tempfile.TemporaryDirectory(prefix="dstream-jvm-archive-") as scratch:
