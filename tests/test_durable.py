@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from dstream import StreamingContext
 from dstream.runtime import durable
-from dstream.runtime.checkpoint import CheckpointWriteError, TornFileError
+from dstream.runtime.checkpoint import CheckpointWriteError, TornFileError, local_path
 from dstream.runtime.clock import ManualClock
 from dstream.runtime.graph import DStreamGraph
 from pyspark.rdd import Partitioner, portable_hash
@@ -114,6 +114,25 @@ def test_a_windows_batches_are_written_by_the_outputs_own_job(sc, tmp_path):
     logged = [c["state"] for c in (ssc._scheduler._checkpoint.load_log().commits.values())]
     durable_dirs = {entry["path"] for state in logged for entry in state.values()}
     assert sum(durable.is_durable(path) for path in durable_dirs) == 8
+
+
+def test_each_run_writes_its_durable_batches_under_its_own_checkpoint(sc, tmp_path):
+    """The graph reads the run's state directory once, when the StreamingContext is given
+    its checkpoint: a second run on the same SparkContext, with a checkpoint of its own,
+    writes its durable batches there, each in a directory of its own, not into the first's."""
+    for name in ("first", "second"):
+        ssc = manual_context(sc)
+        ssc.checkpoint(str(tmp_path / name))
+        pairs = ssc.queueStream([sc.parallelize([(k, 1) for k in range(20)], 2)] * 3)
+        windowed = pairs.reduceByKeyAndWindow(operator.add, operator.sub, 5, 1, 2)
+        windowed.foreachRDD(lambda rdd: rdd.count())
+        run_batches(ssc, 3)
+        commits = ssc._scheduler._checkpoint.load_log().commits
+        written = {e["path"] for c in commits.values() for e in c["state"].values()}
+        assert len(written) == 3
+        run_dirs = {local_path(path).parent for path in written}
+        assert [run.parent for run in run_dirs] == [(tmp_path / name / "state").resolve()]
+        assert all(durable.check_parts(path) == 2 for path in written)
 
 
 def test_partitions_an_output_did_not_compute_are_written_by_a_job_of_their_own(sc, tmp_path):

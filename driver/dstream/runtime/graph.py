@@ -133,6 +133,9 @@ class DStreamGraph:
         self.outputs: list[OutputDStream] = []
         self.remember_ms = 0
         self.checkpoint_path: Path | None = None
+        # this run's directory under the checkpoint's state/ (Spark's checkpoint directory,
+        # read once when set: each read is several py4j calls)
+        self.state_run_dir: str | None = None
         self._deadletter_fallback: Path | None = None
         self.coalesced: set[int] = set()  # batch times merged into a later batch (scheduler.py)
         # A standby computing its leader's batches (shadow.py): it writes no state checkpoint
@@ -273,9 +276,14 @@ class DStreamGraph:
 
     def write_durably(self, stream: DStream, rdd: RDD, time_ms: int) -> RDD:
         """`rdd` passing through a task-side writer of its partitions (durable.py): the
-        batch's output job writes it, no second job."""
-        directory = f"{rdd.context.getCheckpointDir()}/rdd-{rdd.id()}"
-        writer = durable.PartWriter(directory, rdd.getNumPartitions())
+        batch's output job writes it, no second job. Its directory takes a number that the
+        context hands out as an RDD id, so it never meets a directory Spark names after an
+        RDD's id beside it; `rdd.id()` would create `rdd`'s JVM RDD (a pickled function and
+        about fifteen py4j calls, each batch) only for its id, as the writing RDD's tasks
+        compute `rdd` in their own pipeline."""
+        assert self.state_run_dir is not None, "durable batches are written into a checkpoint"
+        directory = f"{self.state_run_dir}/rdd-{rdd.context._jsc.sc().newRddId()}"
+        writer = durable.PartWriter(directory, _partition_count(rdd))
         written = rdd.mapPartitionsWithIndex(writer, preservesPartitioning=True)
         stream.checkpoint_data.writing(written, time_ms, writer)
         return written
@@ -349,6 +357,11 @@ class DStreamGraph:
                 self._deadletter_fallback = Path(tempfile.mkdtemp(prefix="dstream-deadletter-"))
             base = self._deadletter_fallback
         return str(base / f"batch-{time_ms}")
+
+
+def _partition_count(rdd: RDD) -> int:
+    """From the partitioner when it is known (a reduction's is), without asking the JVM."""
+    return rdd.partitioner.numPartitions if rdd.partitioner is not None else rdd.getNumPartitions()
 
 
 def _drain(records: Any) -> list[Any]:

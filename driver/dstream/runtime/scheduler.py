@@ -669,9 +669,7 @@ class BatchScheduler:
         keep_from = anchor - self._graph.max_remember_ms() - self._graph.batch_ms
         try:
             self._checkpoint.prune(
-                keep_from,
-                self._graph.state_paths_in_force(),
-                self._sc.getCheckpointDir(),
+                keep_from, self._graph.state_paths_in_force(), self._graph.state_run_dir
             )
         except OSError as error:
             log.warning("pruning the checkpoint failed (%s); the next commit tries again", error)
