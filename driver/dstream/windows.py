@@ -8,7 +8,7 @@ cheap; like every stateful stream it is checkpointed so its lineage stays short.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from pyspark import RDD
@@ -18,6 +18,7 @@ from dstream.dstream import DStream
 from dstream.runtime.state_storage import state_storage_level
 from dstream.runtime.timeutil import duration_to_ms
 from dstream.worker import combine
+from dstream.worker.window_step import Entering, Leaving, WindowStep
 
 
 class WindowedDStream(DStream):
@@ -98,33 +99,19 @@ class ReducedWindowedDStream(DStream):
         return combine.reduceByKey(self._sc.union(rdds), self._func, self._partitions)
 
     def _step(self, old: RDD, leaving: list[RDD], entering: list[RDD]) -> RDD:
-        """The window after `old`: old - leaving + entering, filtered. The three are tagged and
+        """The window after `old`: old - leaving + entering, filtered. The batches' values are
+        tagged (dstream.worker.window_step), the old window's are not, and the three are
         united; they share this stream's partitioner, so the union needs no shuffle, and each
-        partition's state is walked once. (A leftOuterJoin to subtract and a reduceByKey to add
-        walked it about ten times, through PySpark's spilling merger, every batch.) After a
-        recovery the old window may lack the partitioner: then partitionBy shuffles once."""
-        func, inv_func, keep = self._func, self._inv_func, self._filter
-        tagged = [old.mapValues(lambda value: (0, value))]
+        partition's state is walked once. (A leftOuterJoin to subtract and a reduceByKey to
+        add walked it about ten times, through PySpark's spilling merger, every batch.) After
+        a recovery the old window may lack the partitioner: then partitionBy shuffles once."""
+        parts = [old]
         if leaving:
-            tagged.append(self._batches(leaving).mapValues(lambda value: (1, value)))
+            parts.append(self._batches(leaving).mapValues(Leaving))
         if entering:
-            tagged.append(self._batches(entering).mapValues(lambda value: (2, value)))
-        united = functools.reduce(RDD.union, tagged).partitionBy(self._partitions)
-
-        def step(records: Iterable[tuple[Any, tuple[int, Any]]]) -> Iterable[tuple[Any, Any]]:
-            window: dict[Any, Any] = {}
-            gone: dict[Any, Any] = {}
-            new: dict[Any, Any] = {}
-            by_tag = (window, gone, new)
-            for key, (tag, value) in records:
-                by_tag[tag][key] = value
-            for key, value in gone.items():
-                if key in window:
-                    window[key] = inv_func(window[key], value)
-            for key, value in new.items():
-                window[key] = func(window[key], value) if key in window else value
-            return filter(keep, window.items()) if keep else window.items()
-
+            parts.append(self._batches(entering).mapValues(Entering))
+        united = functools.reduce(RDD.union, parts).partitionBy(self._partitions)
+        step = WindowStep(self._func, self._inv_func, self._filter)
         return united.mapPartitions(step, preservesPartitioning=True)
 
     def _whole(self, window: list[RDD]) -> RDD:
