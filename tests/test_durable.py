@@ -16,6 +16,7 @@ from dstream.runtime import durable
 from dstream.runtime.checkpoint import CheckpointWriteError, TornFileError, local_path
 from dstream.runtime.clock import ManualClock
 from dstream.runtime.graph import DStreamGraph
+from dstream.runtime.scheduler import CHECKPOINT_ALL_MARKED
 from pyspark.rdd import Partitioner, portable_hash
 from streams import collect, manual_context, run_batches
 
@@ -114,6 +115,23 @@ def test_a_windows_batches_are_written_by_the_outputs_own_job(sc, tmp_path):
     logged = [c["state"] for c in (ssc._scheduler._checkpoint.load_log().commits.values())]
     durable_dirs = {entry["path"] for state in logged for entry in state.values()}
     assert sum(durable.is_durable(path) for path in durable_dirs) == 8
+
+
+def test_every_batchs_jobs_run_in_its_own_group_and_checkpoint_marked_ancestors(sc):
+    """The runner sets Spark's checkpointAllMarkedAncestors once for its thread and each
+    batch's job group per batch: every batch's output runs under both."""
+    ssc = manual_context(sc)
+    seen: list[tuple[str, str]] = []
+    stream = ssc.queueStream([sc.parallelize([1])] * 3, oneAtATime=True)
+    stream.foreachRDD(
+        lambda _rdd: seen.append(
+            (sc.getLocalProperty("spark.jobGroup.id"), sc.getLocalProperty(CHECKPOINT_ALL_MARKED))
+        )
+    )
+    run_batches(ssc, 3)
+    assert [marked for _group, marked in seen] == ["true"] * 3
+    groups = [group for group, _marked in seen]
+    assert len(set(groups)) == 3 and all(g.startswith("dstream-batch-") for g in groups)
 
 
 def test_each_run_writes_its_durable_batches_under_its_own_checkpoint(sc, tmp_path):

@@ -370,7 +370,10 @@ class BatchScheduler:
     # -- the runner -----------------------------------------------------------------------
 
     def _run_loop(self) -> None:
+        """Run batches until stopped. The JVM keeps local properties per thread, and every
+        batch's jobs run on this one: those that never change are set once, here."""
         pools.use_pool(self._sc, pools.BATCHES)
+        self._sc.setLocalProperty(CHECKPOINT_ALL_MARKED, "true")
         while (taken := self._take_next()) is not None:
             if isinstance(taken, BatchInfo):
                 info = taken
@@ -443,9 +446,7 @@ class BatchScheduler:
         info.processing_start_ms = self.clock.now_ms()
         self.current = info
         self._notify("onBatchStarted", info)
-        sc = self._sc
-        sc.setJobGroup(f"dstream-batch-{time_ms}", f"batch {datetime_of(time_ms)}", True)
-        sc.setLocalProperty(CHECKPOINT_ALL_MARKED, "true")
+        self._sc.setJobGroup(f"dstream-batch-{time_ms}", f"batch {datetime_of(time_ms)}", True)
         outcome = self._execute(info)
         info.skipped = outcome.status == "skipped"
         if outcome.error is not None:
