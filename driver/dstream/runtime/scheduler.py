@@ -452,6 +452,8 @@ class BatchScheduler:
         if outcome.error is not None:
             info.error = _describe(outcome.error)
         info.processing_end_ms = self.clock.now_ms()
+        if outcome.status != "uncommitted" and self._checkpoint is not None:
+            self._prune(time_ms)  # its commit marker is written: housekeeping, not processing
         ages = self._record_ages(info)
         if outcome.status == "committed":
             info.latency = latency.summarize(ages, info.processing_end_ms - time_ms)
@@ -646,14 +648,11 @@ class BatchScheduler:
         if outcome.status == "skipped":
             commit["error"] = _describe(outcome.error)
             commit["skipped"] = info.ranges
-        failure = self._write_checkpoint(
+        return self._write_checkpoint(
             info,
             "writing its commit marker",
             lambda: checkpoint.write_commit(info.batch_time_ms, commit, self.fence),
         )
-        if failure is None:
-            self._prune(info.batch_time_ms)
-        return failure
 
     def _prune(self, time_ms: int) -> None:
         """Keep log entries back to the oldest state checkpoint kept, minus the longest window.
