@@ -85,6 +85,8 @@ class FreshAccumulator:
 
 # The attribute by which an RDD remembers where the checkpoint keeps it (one write per RDD).
 _STORED_AS = "_dstream_stored_as"
+# The attribute of an RDD reading a durable batch back: the batch's directory.
+READ_FROM = "_dstream_read_from"
 
 
 def detached(value: Any, store: Callable[[RDD], StoredRDD]) -> Any:
@@ -302,13 +304,16 @@ class DStreamGraph:
         part. Its parts are checked in the driver first unless `partitions` is given (this
         run's own tasks have just written them whole: a task reading one checks it anyway).
         The partitioner comes from an empty shuffle, so a window unites it with its other
-        batches without moving records."""
+        batches without moving records. Where it reads from is kept on the Python side
+        (`READ_FROM`): naming the RDD in Spark would create its JVM RDD, which no job runs, as
+        the window's subtraction pipelines the reader into an RDD of its own."""
         if partitions is None:
             partitions = durable.check_parts(directory)
         reader = durable.PartReader(directory, partitions)
         nothing = self._nothing(sc, partitions)
         rdd = nothing.mapPartitionsWithIndex(reader, preservesPartitioning=True)
-        return rdd.setName(f"durable batch {directory}")
+        setattr(rdd, READ_FROM, directory)
+        return rdd
 
     def _nothing(self, sc: SparkContext, partitions: int) -> RDD:
         """An empty RDD hash-partitioned over `partitions`, made once per run and partition
@@ -332,7 +337,7 @@ class DStreamGraph:
 
     def _reread(self, written: RDD, directory: str) -> RDD:
         """The durable batch that `written` has just written whole, read from its parts."""
-        return self.read_durably(written.context, directory, written.getNumPartitions())
+        return self.read_durably(written.context, directory, _partition_count(written))
 
     def state_paths_in_force(self) -> set[str]:
         return {path for s in self.streams for _time, path in s.checkpoint_data.in_force}
