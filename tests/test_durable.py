@@ -15,7 +15,7 @@ from dstream import StreamingContext
 from dstream.runtime import durable
 from dstream.runtime.checkpoint import CheckpointWriteError, TornFileError, local_path
 from dstream.runtime.clock import ManualClock
-from dstream.runtime.graph import READ_FROM, DStreamGraph
+from dstream.runtime.graph import READ_BY, DStreamGraph
 from dstream.runtime.scheduler import CHECKPOINT_ALL_MARKED
 from pyspark.rdd import Partitioner, portable_hash
 from streams import collect, manual_context, run_batches
@@ -209,7 +209,7 @@ def test_the_batches_a_window_subtracts_are_read_from_their_parts_not_the_cache(
     got = collect(windowed.filter(lambda kv: kv[1] != 0), len(batches), sort=True)
     kept = [reduced._generated[t] for t in sorted(reduced._generated)]
     assert reads.value == sum(len(b) for b in batches)
-    assert len(kept) > 5 and all(hasattr(rdd, READ_FROM) for rdd in kept)
+    assert len(kept) > 5 and all(hasattr(rdd, READ_BY) for rdd in kept)
     # the first window is the first batch's reduction itself, cached as the window
     assert len(cached) == len(batches) and not any(any(held) for held in cached[1:])
     assert all(rdd.partitioner == Partitioner(2, portable_hash) for rdd in kept)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 
+from dstream.runtime import durable
 from dstream.worker.window_step import Entering, Leaving, WindowStep
 from streams import manual_context, run_batches
 
@@ -28,9 +29,23 @@ def test_a_step_subtracts_what_leaves_and_adds_what_enters_in_any_order():
         ("gone", Leaving((1, 1))),  # not in the old window: nothing to subtract from
     ]
     step = WindowStep(pair_add, pair_sub, None)
-    assert sorted(step(records)) == [("a", (1, 6)), ("b", (2, 6)), ("c", (0, 7))]
+    assert sorted(step(0, records)) == [("a", (1, 6)), ("b", (2, 6)), ("c", (0, 7))]
     keep = WindowStep(pair_add, pair_sub, lambda kv: kv[1][0] > 0)
-    assert sorted(keep(records)) == [("a", (1, 6)), ("b", (2, 6))]
+    assert sorted(keep(0, records)) == [("a", (1, 6)), ("b", (2, 6))]
+
+
+def test_a_step_reads_its_partitions_part_of_each_durable_leaving_batch(tmp_path):
+    """Partition 1 reads part 1 of each batch (not part 0), and two batches leaving at once
+    are reduced together before they are subtracted, as with the tagged ones."""
+    batches = []
+    for n, parts in enumerate([[[("x", (9, 9))], [("a", (1, 1))]], [[], [("a", (1, 2))]]]):
+        directory = str(tmp_path / f"batch-{n}")
+        for index, records in enumerate(parts):
+            list(durable.PartWriter(directory, 2)(index, iter(records)))
+        batches.append(durable.PartReader(directory, 2))
+    step = WindowStep(pair_add, pair_sub, None, tuple(batches))
+    records = [("a", (5, 10)), ("a", Leaving((1, 3))), ("x", (1, 1))]
+    assert sorted(step(1, records)) == [("a", (2, 4)), ("x", (1, 1))]
 
 
 def test_a_change_survives_pickling_as_itself():

@@ -85,8 +85,8 @@ class FreshAccumulator:
 
 # The attribute by which an RDD remembers where the checkpoint keeps it (one write per RDD).
 _STORED_AS = "_dstream_stored_as"
-# The attribute of an RDD reading a durable batch back: the batch's directory.
-READ_FROM = "_dstream_read_from"
+# The attribute of an RDD reading a durable batch back: its reader (durable.PartReader).
+READ_BY = "_dstream_read_by"
 
 
 def detached(value: Any, store: Callable[[RDD], StoredRDD]) -> Any:
@@ -304,15 +304,15 @@ class DStreamGraph:
         part. Its parts are checked in the driver first unless `partitions` is given (this
         run's own tasks have just written them whole: a task reading one checks it anyway).
         The partitioner comes from an empty shuffle, so a window unites it with its other
-        batches without moving records. Where it reads from is kept on the Python side
-        (`READ_FROM`): naming the RDD in Spark would create its JVM RDD, which no job runs, as
-        the window's subtraction pipelines the reader into an RDD of its own."""
+        batches without moving records. Its reader is kept on the Python side (`READ_BY`),
+        for a window's step to read the parts in its own tasks; naming the RDD in Spark would
+        create its JVM RDD, which no job runs."""
         if partitions is None:
             partitions = durable.check_parts(directory)
         reader = durable.PartReader(directory, partitions)
         nothing = self._nothing(sc, partitions)
         rdd = nothing.mapPartitionsWithIndex(reader, preservesPartitioning=True)
-        setattr(rdd, READ_FROM, directory)
+        setattr(rdd, READ_BY, reader)
         return rdd
 
     def _nothing(self, sc: SparkContext, partitions: int) -> RDD:
