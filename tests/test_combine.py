@@ -82,3 +82,25 @@ def test_a_key_error_from_the_users_function_is_raised_not_taken_for_a_new_key()
     assert dict(side(iter([("k", "0"), ("k", "a")]))) == {"k": 1}
     with pytest.raises(KeyError, match="'b'"):
         side(iter([("k", "0"), ("k", "b")]))
+
+
+class Settings:
+    """A context's settings as `worker_memory_mb` reads them, counting the reads."""
+
+    def __init__(self, memory: str):
+        self.memory = memory
+        self.reads = 0
+
+    def getConf(self) -> Settings:
+        return self
+
+    def get(self, key: str, default: str) -> str:
+        assert key == combine.WORKER_MEMORY
+        self.reads += 1
+        return self.memory
+
+
+def test_the_worker_memory_is_read_once_per_context_and_each_context_has_its_own():
+    small, large = Settings("100m"), Settings("2g")
+    assert [combine.worker_memory_mb(c) for c in (small, large, small, large)] == [100, 2048] * 2
+    assert (small.reads, large.reads) == (1, 1)

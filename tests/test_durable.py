@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from dstream import StreamingContext
 from dstream.runtime import durable
-from dstream.runtime.checkpoint import CheckpointWriteError, TornFileError
+from dstream.runtime.checkpoint import CheckpointWriteError, TornFileError, local_path
 from dstream.runtime.clock import ManualClock
-from dstream.runtime.graph import DStreamGraph
+from dstream.runtime.graph import READ_BY, DStreamGraph
+from dstream.runtime.scheduler import CHECKPOINT_ALL_MARKED
 from pyspark.rdd import Partitioner, portable_hash
 from streams import collect, manual_context, run_batches
 
@@ -116,6 +117,42 @@ def test_a_windows_batches_are_written_by_the_outputs_own_job(sc, tmp_path):
     assert sum(durable.is_durable(path) for path in durable_dirs) == 8
 
 
+def test_every_batchs_jobs_run_in_its_own_group_and_checkpoint_marked_ancestors(sc):
+    """The runner sets Spark's checkpointAllMarkedAncestors once for its thread and each
+    batch's job group per batch: every batch's output runs under both."""
+    ssc = manual_context(sc)
+    seen: list[tuple[str, str]] = []
+    stream = ssc.queueStream([sc.parallelize([1])] * 3, oneAtATime=True)
+    stream.foreachRDD(
+        lambda _rdd: seen.append(
+            (sc.getLocalProperty("spark.jobGroup.id"), sc.getLocalProperty(CHECKPOINT_ALL_MARKED))
+        )
+    )
+    run_batches(ssc, 3)
+    assert [marked for _group, marked in seen] == ["true"] * 3
+    groups = [group for group, _marked in seen]
+    assert len(set(groups)) == 3 and all(g.startswith("dstream-batch-") for g in groups)
+
+
+def test_each_run_writes_its_durable_batches_under_its_own_checkpoint(sc, tmp_path):
+    """The graph reads the run's state directory once, when the StreamingContext is given
+    its checkpoint: a second run on the same SparkContext, with a checkpoint of its own,
+    writes its durable batches there, each in a directory of its own, not into the first's."""
+    for name in ("first", "second"):
+        ssc = manual_context(sc)
+        ssc.checkpoint(str(tmp_path / name))
+        pairs = ssc.queueStream([sc.parallelize([(k, 1) for k in range(20)], 2)] * 3)
+        windowed = pairs.reduceByKeyAndWindow(operator.add, operator.sub, 5, 1, 2)
+        windowed.foreachRDD(lambda rdd: rdd.count())
+        run_batches(ssc, 3)
+        commits = ssc._scheduler._checkpoint.load_log().commits
+        written = {e["path"] for c in commits.values() for e in c["state"].values()}
+        assert len(written) == 3
+        run_dirs = {local_path(path).parent for path in written}
+        assert [run.parent for run in run_dirs] == [(tmp_path / name / "state").resolve()]
+        assert all(durable.check_parts(path) == 2 for path in written)
+
+
 def test_partitions_an_output_did_not_compute_are_written_by_a_job_of_their_own(sc, tmp_path):
     """pprint-like outputs take a few records: the rest of the durable batch is written after
     them, so a restart finds every part."""
@@ -149,7 +186,8 @@ def test_a_part_storage_refused_is_named_in_the_jobs_failure(sc, tmp_path):
 
 def test_the_batches_a_window_subtracts_are_read_from_their_parts_not_the_cache(sc, tmp_path):
     """Once a batch's parts are written whole, the window keeps an RDD reading them, with the
-    reduction's partitioner, and the cached copy is dropped: an executor lost later takes
+    reduction's partitioner; the reduction is never cached, even in its own batch (the
+    output's tasks add it to the window as they write it): an executor lost later takes
     nothing with it that the window subtracts (test_fault_executor_loss kills one). The source
     is still read once per batch, and the window is exact."""
     ssc = manual_context(sc)
@@ -163,12 +201,17 @@ def test_the_batches_a_window_subtracts_are_read_from_their_parts_not_the_cache(
     batches = [[("a", 1), ("b", 2)], [("a", 3)], [("c", 1)], [("a", 1)], [("b", 5)]] * 2
     pairs = ssc.queueStream([sc.parallelize(b, 2) for b in batches], oneAtATime=True)
     windowed = pairs.map(counted).reduceByKeyAndWindow(operator.add, operator.sub, 5, 1, 2)
-    got = collect(windowed.filter(lambda kv: kv[1] != 0), len(batches), sort=True)
     reduced = windowed._parents[0]
+    cached: list[list[bool]] = []  # at each batch's output: are the reduction's RDDs cached?
+    windowed.foreachRDD(
+        lambda _rdd: cached.append([r.is_cached for r in reduced.retained().values()])
+    )
+    got = collect(windowed.filter(lambda kv: kv[1] != 0), len(batches), sort=True)
     kept = [reduced._generated[t] for t in sorted(reduced._generated)]
     assert reads.value == sum(len(b) for b in batches)
-    assert len(kept) > 5 and all(rdd.name().startswith("durable batch") for rdd in kept)
-    assert not any(rdd.is_cached for rdd in kept)
+    assert len(kept) > 5 and all(hasattr(rdd, READ_BY) for rdd in kept)
+    # the first window is the first batch's reduction itself, cached as the window
+    assert len(cached) == len(batches) and not any(any(held) for held in cached[1:])
     assert all(rdd.partitioner == Partitioner(2, portable_hash) for rdd in kept)
     for end, window in enumerate(got, start=1):
         summed: Counter[str] = Counter()

@@ -20,6 +20,10 @@ tables side by side show which stage a change made slower.
 `--source kafka` reads the rate from a topic fed on a broker it starts (as a `--source kafka` trial
 does) instead of the rate source: what a batch costs the engine's Kafka source.
 
+`--py4j` counts the driver's py4j round trips per batch and prints their median and the call
+sites that made them (`py4j_calls`); counting slows the driver, so take times from a run
+without it.
+
 `--zipcache` gives every Python worker `dstream.worker.zipcache` from the start (a sitecustomize
 module), as importing the dstream package gives dstream's own workers: on `pyspark.daemon` that
 separates what the zip cache buys from what the engine does.
@@ -28,6 +32,7 @@ separates what the zip cache buys from what the engine does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -42,6 +47,7 @@ from pyspark import SparkContext
 
 from bench.common import DAEMONS, ENGINES, PARTITIONS, WORKER_MODULES, spark_conf
 from bench.throughput.kafka_input import KafkaFeed, start_broker
+from bench.throughput.py4j_calls import Py4JCalls
 from bench.throughput.reference import WINDOW_BATCHES
 from bench.throughput.systems import SYSTEM_CLASSES, Batch
 
@@ -77,6 +83,7 @@ def run(
     log_dir: str,
     batch_ms: int = 1000,
     source: str = "rate",
+    on_batch: Callable[[Batch], None] | None = None,
 ) -> list[Batch]:
     conf = spark_conf("local[2]", PARTITIONS, daemon)
     conf.setAll(event_log_conf(log_dir))
@@ -88,7 +95,9 @@ def run(
     print(f"driver pid {os.getpid()}", file=sys.stderr, flush=True)
     try:
         feed = KafkaFeed(broker.bootstrap, PARTITIONS) if broker is not None else None
-        trial = SYSTEM_CLASSES[system](sc, PARTITIONS, feed).run(
+        tested = SYSTEM_CLASSES[system](sc, PARTITIONS, feed)
+        tested.on_batch = on_batch
+        trial = tested.run(
             workload, variant, rate, 0, batches, timeout_s=3 * batches + 60, batch_ms=batch_ms
         )
     finally:
@@ -280,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-interval", type=int, default=1000, metavar="MS")
     parser.add_argument("--source", choices=("rate", "kafka"), default="rate")
     parser.add_argument("--stages", action="store_true", help="per stage name, its medians")
+    parser.add_argument("--py4j", action="store_true", help="count py4j round trips per batch")
     parser.add_argument(
         "--zipcache", action="store_true", help="dstream.worker.zipcache in all workers"
     )
@@ -287,17 +297,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.zipcache:
         give_workers_zipcache()
     log_dir = tempfile.mkdtemp(prefix="bench-eventlog-")
-    batches = run(
-        args.system,
-        args.daemon,
-        args.workload,
-        args.variant,
-        args.rate,
-        args.batches,
-        log_dir,
-        args.batch_interval,
-        args.source,
-    )
+    calls = Py4JCalls()
+    with calls if args.py4j else contextlib.nullcontext():
+        batches = run(
+            args.system,
+            args.daemon,
+            args.workload,
+            args.variant,
+            args.rate,
+            args.batches,
+            log_dir,
+            args.batch_interval,
+            args.source,
+            calls.batch_completed if args.py4j else None,
+        )
     events = read_events(log_dir)
     grouped = jobs_by_batch(events)
     rows = [batch_row(b, grouped.get(b.time_ms, [])) for b in batches]
@@ -311,4 +324,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.stages:
         by_batch = stages_by_batch(events)
         print_stage_medians([by_batch.get(b.time_ms, []) for b in batches[filling:] or batches])
+    if args.py4j:
+        calls.report(skip=filling)
     return 0

@@ -206,6 +206,7 @@ class StreamingContext:
         self._checkpoint_dir.state_dir.mkdir(parents=True, exist_ok=True)
         self._sc.setCheckpointDir(str(self._checkpoint_dir.state_dir.resolve()))
         self._graph.checkpoint_path = self._checkpoint_dir.path
+        self._graph.state_run_dir = self._sc.getCheckpointDir()
 
     def registerQueryStream(self, name: str, stream: DStream, retain: float = 60) -> DStream:
         """Name a stream for interactive queries (REST `slice`); its RDDs are kept `retain` s.

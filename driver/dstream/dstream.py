@@ -184,11 +184,14 @@ class DStream:
 
     def _prepare(self, rdd: RDD, time_ms: int) -> RDD:
         """The RDD the stream keeps for `time_ms`: persisted, and written as a durable batch
-        or marked for a state checkpoint when one is due."""
+        or marked for a state checkpoint when one is due. A durable batch is not persisted:
+        the window that adds it reads it once, in the output job whose tasks write it, and
+        reads its parts back in every later batch (`_read_back`). Caching it cost a JVM RDD
+        of its own, a cache write and read of its records, and an unpersist, each batch."""
         graph = self._ssc._graph
         if self.checkpoint_data.durable_batches and graph.writes_checkpoints:
-            rdd = graph.write_durably(self, rdd, time_ms)
-        elif (
+            return graph.write_durably(self, rdd, time_ms)
+        if (
             self._checkpoint_ms
             and not graph.shadowing
             and (time_ms - graph.zero_ms) % self._checkpoint_ms == 0

@@ -8,16 +8,19 @@ cheap; like every stateful stream it is checkpointed so its lineage stays short.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from pyspark import RDD
 from pyspark.rdd import Partitioner, portable_hash
 
 from dstream.dstream import DStream
+from dstream.runtime.durable import PartReader
+from dstream.runtime.graph import READ_BY
 from dstream.runtime.state_storage import state_storage_level
 from dstream.runtime.timeutil import duration_to_ms
 from dstream.worker import combine
+from dstream.worker.window_step import Entering, Leaving, WindowStep
 
 
 class WindowedDStream(DStream):
@@ -98,34 +101,31 @@ class ReducedWindowedDStream(DStream):
         return combine.reduceByKey(self._sc.union(rdds), self._func, self._partitions)
 
     def _step(self, old: RDD, leaving: list[RDD], entering: list[RDD]) -> RDD:
-        """The window after `old`: old - leaving + entering, filtered. The three are tagged and
+        """The window after `old`: old - leaving + entering, filtered. The entering batches'
+        values are tagged (dstream.worker.window_step), the old window's are not, and they are
         united; they share this stream's partitioner, so the union needs no shuffle, and each
-        partition's state is walked once. (A leftOuterJoin to subtract and a reduceByKey to add
-        walked it about ten times, through PySpark's spilling merger, every batch.) After a
-        recovery the old window may lack the partitioner: then partitionBy shuffles once."""
-        func, inv_func, keep = self._func, self._inv_func, self._filter
-        tagged = [old.mapValues(lambda value: (0, value))]
-        if leaving:
-            tagged.append(self._batches(leaving).mapValues(lambda value: (1, value)))
+        partition's state is walked once. (A leftOuterJoin to subtract and a reduceByKey to
+        add walked it about ten times, through PySpark's spilling merger, every batch.) The
+        leaving batches read back from their durable parts are read by the step's own tasks;
+        any other leaving batch is tagged and united too. After a recovery the old window may
+        lack the partitioner: then partitionBy shuffles once."""
+        readers = {id(rdd): self._part_reader(rdd) for rdd in leaving}
+        united_leaving = [rdd for rdd in leaving if readers[id(rdd)] is None]
+        parts = [old]
+        if united_leaving:
+            parts.append(self._batches(united_leaving).mapValues(Leaving))
         if entering:
-            tagged.append(self._batches(entering).mapValues(lambda value: (2, value)))
-        united = functools.reduce(RDD.union, tagged).partitionBy(self._partitions)
+            parts.append(self._batches(entering).mapValues(Entering))
+        united = functools.reduce(RDD.union, parts).partitionBy(self._partitions)
+        read = tuple(reader for reader in readers.values() if reader is not None)
+        step = WindowStep(self._func, self._inv_func, self._filter, read)
+        return united.mapPartitionsWithIndex(step, preservesPartitioning=True)
 
-        def step(records: Iterable[tuple[Any, tuple[int, Any]]]) -> Iterable[tuple[Any, Any]]:
-            window: dict[Any, Any] = {}
-            gone: dict[Any, Any] = {}
-            new: dict[Any, Any] = {}
-            by_tag = (window, gone, new)
-            for key, (tag, value) in records:
-                by_tag[tag][key] = value
-            for key, value in gone.items():
-                if key in window:
-                    window[key] = inv_func(window[key], value)
-            for key, value in new.items():
-                window[key] = func(window[key], value) if key in window else value
-            return filter(keep, window.items()) if keep else window.items()
-
-        return united.mapPartitions(step, preservesPartitioning=True)
+    def _part_reader(self, rdd: RDD) -> PartReader | None:
+        """The reader of a batch read back from durable parts partitioned as this window
+        (part i holds partition i's keys), else None."""
+        reader = getattr(rdd, READ_BY, None)
+        return reader if reader is not None and reader.partitions == self._partitions else None
 
     def _whole(self, window: list[RDD]) -> RDD:
         result = self._batches(window)

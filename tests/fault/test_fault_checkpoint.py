@@ -19,6 +19,7 @@ from dstream import StreamingContext
 from dstream.runtime.checkpoint import CheckpointDir, CheckpointUnrecoverableError
 from dstream.runtime.clock import ManualClock
 from dstream.runtime.failure import FailurePolicy
+from dstream.runtime.graph import READ_BY
 from dstream.runtime.timeutil import time_to_ms
 from fault.harness import InProcessJob, RateJob, fault_rng, truncate_at_random_byte, verify
 
@@ -148,7 +149,7 @@ def test_a_restarted_window_subtracts_its_durable_batches_instead_of_recomputing
     restored = {t: stream._generated[t] for t in times if t in stream._generated}
     assert sorted(restored) == sorted(set(times) - {torn_time})
     for rdd in restored.values():
-        assert rdd.name().startswith("durable batch file:")  # read from its files
+        assert getattr(rdd, READ_BY).directory.startswith("file:")  # read from its files
         assert rdd.partitioner is not None  # one batch is subtracted without a shuffle
         assert rdd._jrdd.rdd().partitioner().isDefined()  # nor a union of the window's
     job.run(ssc, 3)

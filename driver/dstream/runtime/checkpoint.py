@@ -317,9 +317,10 @@ class CheckpointDir:
         keep = {local_path(p) for p in keep_state_paths}
         running = local_path(current_run) if current_run else None
         for run_dir in self.state_dir.iterdir():
-            this_run = run_dir.resolve() == running
+            resolved = run_dir.resolve()  # once: the checkpoints in it are not links
+            this_run = resolved == running
             for rdd_dir in run_dir.glob("rdd-*"):
-                if rdd_dir.resolve() in keep or (this_run and _being_written(rdd_dir)):
+                if resolved / rdd_dir.name in keep or (this_run and _being_written(rdd_dir)):
                     continue
                 shutil.rmtree(rdd_dir, ignore_errors=True)
             if not this_run and not any(run_dir.iterdir()):

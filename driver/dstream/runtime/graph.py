@@ -85,6 +85,8 @@ class FreshAccumulator:
 
 # The attribute by which an RDD remembers where the checkpoint keeps it (one write per RDD).
 _STORED_AS = "_dstream_stored_as"
+# The attribute of an RDD reading a durable batch back: its reader (durable.PartReader).
+READ_BY = "_dstream_read_by"
 
 
 def detached(value: Any, store: Callable[[RDD], StoredRDD]) -> Any:
@@ -133,6 +135,9 @@ class DStreamGraph:
         self.outputs: list[OutputDStream] = []
         self.remember_ms = 0
         self.checkpoint_path: Path | None = None
+        # this run's directory under the checkpoint's state/ (Spark's checkpoint directory,
+        # read once when set: each read is several py4j calls)
+        self.state_run_dir: str | None = None
         self._deadletter_fallback: Path | None = None
         self.coalesced: set[int] = set()  # batch times merged into a later batch (scheduler.py)
         # A standby computing its leader's batches (shadow.py): it writes no state checkpoint
@@ -273,9 +278,14 @@ class DStreamGraph:
 
     def write_durably(self, stream: DStream, rdd: RDD, time_ms: int) -> RDD:
         """`rdd` passing through a task-side writer of its partitions (durable.py): the
-        batch's output job writes it, no second job."""
-        directory = f"{rdd.context.getCheckpointDir()}/rdd-{rdd.id()}"
-        writer = durable.PartWriter(directory, rdd.getNumPartitions())
+        batch's output job writes it, no second job. Its directory takes a number that the
+        context hands out as an RDD id, so it never meets a directory Spark names after an
+        RDD's id beside it; `rdd.id()` would create `rdd`'s JVM RDD (a pickled function and
+        about fifteen py4j calls, each batch) only for its id, as the writing RDD's tasks
+        compute `rdd` in their own pipeline."""
+        assert self.state_run_dir is not None, "durable batches are written into a checkpoint"
+        directory = f"{self.state_run_dir}/rdd-{rdd.context._jsc.sc().newRddId()}"
+        writer = durable.PartWriter(directory, _partition_count(rdd))
         written = rdd.mapPartitionsWithIndex(writer, preservesPartitioning=True)
         stream.checkpoint_data.writing(written, time_ms, writer)
         return written
@@ -294,13 +304,16 @@ class DStreamGraph:
         part. Its parts are checked in the driver first unless `partitions` is given (this
         run's own tasks have just written them whole: a task reading one checks it anyway).
         The partitioner comes from an empty shuffle, so a window unites it with its other
-        batches without moving records."""
+        batches without moving records. Its reader is kept on the Python side (`READ_BY`),
+        for a window's step to read the parts in its own tasks; naming the RDD in Spark would
+        create its JVM RDD, which no job runs."""
         if partitions is None:
             partitions = durable.check_parts(directory)
         reader = durable.PartReader(directory, partitions)
         nothing = self._nothing(sc, partitions)
         rdd = nothing.mapPartitionsWithIndex(reader, preservesPartitioning=True)
-        return rdd.setName(f"durable batch {directory}")
+        setattr(rdd, READ_BY, reader)
+        return rdd
 
     def _nothing(self, sc: SparkContext, partitions: int) -> RDD:
         """An empty RDD hash-partitioned over `partitions`, made once per run and partition
@@ -324,7 +337,7 @@ class DStreamGraph:
 
     def _reread(self, written: RDD, directory: str) -> RDD:
         """The durable batch that `written` has just written whole, read from its parts."""
-        return self.read_durably(written.context, directory, written.getNumPartitions())
+        return self.read_durably(written.context, directory, _partition_count(written))
 
     def state_paths_in_force(self) -> set[str]:
         return {path for s in self.streams for _time, path in s.checkpoint_data.in_force}
@@ -349,6 +362,11 @@ class DStreamGraph:
                 self._deadletter_fallback = Path(tempfile.mkdtemp(prefix="dstream-deadletter-"))
             base = self._deadletter_fallback
         return str(base / f"batch-{time_ms}")
+
+
+def _partition_count(rdd: RDD) -> int:
+    """From the partitioner when it is known (a reduction's is), without asking the JVM."""
+    return rdd.partitioner.numPartitions if rdd.partitioner is not None else rdd.getNumPartitions()
 
 
 def _drain(records: Any) -> list[Any]:

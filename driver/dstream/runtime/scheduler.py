@@ -370,7 +370,10 @@ class BatchScheduler:
     # -- the runner -----------------------------------------------------------------------
 
     def _run_loop(self) -> None:
+        """Run batches until stopped. The JVM keeps local properties per thread, and every
+        batch's jobs run on this one: those that never change are set once, here."""
         pools.use_pool(self._sc, pools.BATCHES)
+        self._sc.setLocalProperty(CHECKPOINT_ALL_MARKED, "true")
         while (taken := self._take_next()) is not None:
             if isinstance(taken, BatchInfo):
                 info = taken
@@ -443,14 +446,14 @@ class BatchScheduler:
         info.processing_start_ms = self.clock.now_ms()
         self.current = info
         self._notify("onBatchStarted", info)
-        sc = self._sc
-        sc.setJobGroup(f"dstream-batch-{time_ms}", f"batch {datetime_of(time_ms)}", True)
-        sc.setLocalProperty(CHECKPOINT_ALL_MARKED, "true")
+        self._sc.setJobGroup(f"dstream-batch-{time_ms}", f"batch {datetime_of(time_ms)}", True)
         outcome = self._execute(info)
         info.skipped = outcome.status == "skipped"
         if outcome.error is not None:
             info.error = _describe(outcome.error)
         info.processing_end_ms = self.clock.now_ms()
+        if outcome.status != "uncommitted" and self._checkpoint is not None:
+            self._prune(time_ms)  # its commit marker is written: housekeeping, not processing
         ages = self._record_ages(info)
         if outcome.status == "committed":
             info.latency = latency.summarize(ages, info.processing_end_ms - time_ms)
@@ -645,14 +648,11 @@ class BatchScheduler:
         if outcome.status == "skipped":
             commit["error"] = _describe(outcome.error)
             commit["skipped"] = info.ranges
-        failure = self._write_checkpoint(
+        return self._write_checkpoint(
             info,
             "writing its commit marker",
             lambda: checkpoint.write_commit(info.batch_time_ms, commit, self.fence),
         )
-        if failure is None:
-            self._prune(info.batch_time_ms)
-        return failure
 
     def _prune(self, time_ms: int) -> None:
         """Keep log entries back to the oldest state checkpoint kept, minus the longest window.
@@ -669,9 +669,7 @@ class BatchScheduler:
         keep_from = anchor - self._graph.max_remember_ms() - self._graph.batch_ms
         try:
             self._checkpoint.prune(
-                keep_from,
-                self._graph.state_paths_in_force(),
-                self._sc.getCheckpointDir(),
+                keep_from, self._graph.state_paths_in_force(), self._graph.state_run_dir
             )
         except OSError as error:
             log.warning("pruning the checkpoint failed (%s); the next commit tries again", error)

@@ -1,7 +1,8 @@
 """How the engine keeps its state RDDs in memory: one copy, or two on a cluster when asked.
 
-A stateful stream's RDDs (updateStateByKey and track state, an incremental window and the
-per-batch reductions it subtracts) are cached, and later batches are computed from the cache.
+A stateful stream's RDDs (updateStateByKey and track state, an incremental window and, when
+no checkpoint writes them durably, the per-batch reductions it subtracts) are cached, and later
+batches are computed from the cache.
 With one copy, the loss of an executor loses its share of every cached batch: an incremental
 window then recomputes each lost batch it subtracts from the source, for up to one window
 length. With `spark.dstream.state.replication=2` every cached block has a second copy on

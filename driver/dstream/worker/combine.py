@@ -16,18 +16,22 @@ records.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain, islice
 from typing import Any
 
-from pyspark import RDD
+from pyspark import RDD, SparkContext
 from pyspark.rdd import portable_hash
 from pyspark.serializers import Serializer
 from pyspark.shuffle import Aggregator, ExternalMerger, get_used_memory
+from pyspark.util import _parse_memory
 
 CHECK_EVERY = 10_000
+WORKER_MEMORY = "spark.python.worker.memory"
 _END = object()
+_WORKER_MEMORY_MB: weakref.WeakKeyDictionary[SparkContext, int] = weakref.WeakKeyDictionary()
 
 
 def combineByKey(
@@ -40,12 +44,22 @@ def combineByKey(
 ) -> RDD:
     """`rdd.combineByKey(...)`: PySpark's semantics and partitioning, with the tight loop."""
     agg = Aggregator(createCombiner, mergeValue, mergeCombiners)
-    memory_mb, serializer = rdd._memory_limit(), rdd.ctx.serializer
+    memory_mb, serializer = worker_memory_mb(rdd.ctx), rdd.ctx.serializer
     values = Combine(createCombiner, mergeValue, agg, True, memory_mb * 0.9, serializer)
     combiners = Combine(_same, mergeCombiners, agg, False, memory_mb, serializer)
     local = rdd.mapPartitions(values, preservesPartitioning=True)
     shuffled = local.partitionBy(numPartitions, partitionFunc)
     return shuffled.mapPartitions(combiners, preservesPartitioning=True)
+
+
+def worker_memory_mb(sc: SparkContext) -> int:
+    """`spark.python.worker.memory` of `sc` in MiB, read once per context rather than through
+    py4j for every shuffle of every batch: a running context's settings do not change."""
+    try:
+        return _WORKER_MEMORY_MB[sc]
+    except KeyError:
+        limit = _WORKER_MEMORY_MB[sc] = _parse_memory(sc.getConf().get(WORKER_MEMORY, "512m"))
+        return limit
 
 
 def reduceByKey(
