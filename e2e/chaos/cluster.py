@@ -136,10 +136,11 @@ class Cluster:
         `grace_seconds` (0: killed at once, as a crash would end it)."""
         self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_seconds)
 
-    def pod_log(self, namespace: str, name: str) -> str:
-        """The pod's log so far; empty while it has none to give."""
+    def pod_log(self, namespace: str, name: str, timestamps: bool = False) -> str:
+        """The pod's log so far (each line prefixed with its time, with `timestamps`); empty
+        while it has none to give."""
         try:
-            return self.core.read_namespaced_pod_log(name, namespace)
+            return self.core.read_namespaced_pod_log(name, namespace, timestamps=timestamps)
         except ApiException:
             return ""
 

@@ -273,8 +273,7 @@ class Chaos:
             timeout_s,
         )[0]
         snapshot = self.snapshot()
-        leader = self._new_leader(old_uids)
-        phases = self._timeline(leader.metadata.name, PHASES) if leader else {}
+        leader, phases = self._new_leader(old_uids)
         after = "".join(f", {p} +{at - deleted_at:.1f} s" for p, at in phases.items())
         self.figures.add(
             kind,
@@ -348,15 +347,17 @@ class Chaos:
         found = dict(_TIMELINE.findall(self.cluster.pod_log(self.target.namespace, pod)))
         return {phase: float(found[phase]) for phase in phases if phase in found}
 
-    def _new_leader(self, old_uids: set[str]) -> client.V1Pod | None:
+    def _new_leader(self, old_uids: set[str]) -> tuple[client.V1Pod | None, dict[str, float]]:
         """The new driver pod (not one of `old_uids`) that took the lead, as its recovery
-        timeline says: on the restart path its own start-up is part of the recovery."""
+        timeline says, and every phase of that timeline: on the restart path its own start-up
+        is part of the recovery."""
         t = self.target
         for pod in self.cluster.job_pods(t.namespace, t.job, "driver"):
             if pod.metadata.uid not in old_uids:
-                if "lead_taken" in self._timeline(pod.metadata.name, PHASES):
-                    return pod
-        return None
+                phases = self._timeline(pod.metadata.name, PHASES)
+                if "lead_taken" in phases:
+                    return pod, phases
+        return None, {}
 
     def lose_pair(self, timeout_s: float) -> None:
         """Delete both drivers of a standby job at once: the restart path, as without one."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 from datetime import datetime
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from e2e.chaos.cluster import Cluster
 
@@ -31,11 +30,7 @@ def log_marks(
     cluster: Cluster, namespace: str, pod: str, marks: dict[str, str]
 ) -> dict[str, float]:
     """The time (unix seconds) of the first line of the pod's log holding each mark's text."""
-    try:
-        text = cluster.core.read_namespaced_pod_log(pod, namespace, timestamps=True)
-    except ApiException:
-        return {}
-    return first_marks(text, marks)
+    return first_marks(cluster.pod_log(namespace, pod, timestamps=True), marks)
 
 
 def first_marks(text: str, marks: dict[str, str]) -> dict[str, float]:
