@@ -866,7 +866,10 @@ def test_a_restarted_operator_adopts_its_jobs_without_a_second_driver(k8s: Harne
             k8s.operator.metric("dstream_operator_reconciliations_total", handler="supervise") >= 3
         ),
     )
-    assert k8s.operator.metric("dstream_operator_jobs", phase="Starting") == 1
+    k8s.wait_for(  # the gauge is counted once a second, not after each step
+        "the phase gauge counts the adopted job",
+        lambda: k8s.operator.metric("dstream_operator_jobs", phase="Starting") == 1,
+    )
     k8s.holds_for(
         "the one driver pod, adopted",
         lambda: [p.metadata.uid for p in k8s.pods("adopted")] == [pod.metadata.uid],

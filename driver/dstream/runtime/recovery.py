@@ -281,7 +281,7 @@ class CheckpointFollower:
         """Stop following: its Spark job under way is cancelled and the thread awaited, as the
         shadow's graph is the one the takeover runs. The state checkpoints verified so far."""
         self._stop.set()
-        self._sc.cancelJobGroup(FOLLOWER_JOB_GROUP)
+        self._sc.cancelJobsWithTag(FOLLOWER_JOB_GROUP)  # silent, unlike a group, when none runs
         self._thread.join(FOLLOWER_STOP_TIMEOUT_S)
         if self._thread.is_alive() and self.shadow is not None:
             self.shadow.failure = f"still computing {FOLLOWER_STOP_TIMEOUT_S} s after the takeover"
@@ -290,6 +290,7 @@ class CheckpointFollower:
 
     def _follow(self) -> None:
         self._sc.setJobGroup(FOLLOWER_JOB_GROUP, "standby: warm-up and shadow of the leader")
+        self._sc.addJobTag(FOLLOWER_JOB_GROUP)
         try:
             warm_up(self._sc, self._stop)
         except Exception as error:  # only slower to take over: worth a warning, not a stop

@@ -275,6 +275,7 @@ class StateKeysSampler:
         sc = self._ssc.sparkContext
         use_pool(sc, QUERIES)
         sc.setJobGroup(SAMPLER_JOB_GROUP, "dstream state size sample", True)
+        sc.addJobTag(SAMPLER_JOB_GROUP)
         counts = dict(self.counts)
         for name, rdd in newest.items():
             try:
@@ -285,13 +286,12 @@ class StateKeysSampler:
 
     def close(self) -> None:
         """Cancel an in-flight count and wait for it, so stopping Spark finds nothing running;
-        batches that complete afterwards (a graceful stop) sample nothing. Only a count in
-        flight is cancelled: Spark warns about cancelling a job group that has no jobs."""
+        batches that complete afterwards (a graceful stop) sample nothing. Cancelled by job tag:
+        cancelling a job group that has no jobs left makes Spark warn, and whether a count is
+        still running cannot be known without a race."""
         with self._lock:
             self._closed = True
-            in_flight = self._in_flight is not None and not self._in_flight.done()
-        if in_flight:
-            self._ssc.sparkContext.cancelJobGroup(SAMPLER_JOB_GROUP)
+        self._ssc.sparkContext.cancelJobsWithTag(SAMPLER_JOB_GROUP)
         self._executor.shutdown(wait=True)
 
 
