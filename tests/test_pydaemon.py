@@ -29,6 +29,37 @@ def test_spark_runs_tasks_under_the_dstream_daemon(sc):
     assert sc.parallelize(range(1000), 4).map(lambda x: x * 2).sum() == 999_000
 
 
+def _pyspark_file(_partition):
+    import pyspark
+
+    return [pyspark.__file__]
+
+
+def test_workers_import_pyspark_from_the_installed_package_not_sparks_zip(sc):
+    """Spark puts its pyspark.zip first on the workers' path; the daemon imports the installed
+    package instead (compiled once, not at every daemon start): the same files, as SPARK_HOME is
+    that package here."""
+    import pyspark
+
+    files = sc.parallelize(range(2), 2).mapPartitions(_pyspark_file).collect()
+    assert files == [pyspark.__file__] * 2, files
+
+
+def test_sparks_zips_go_last_only_when_they_are_the_installed_pyspark_s_own():
+    import pyspark
+
+    package = os.path.dirname(pyspark.__file__)
+    site = os.path.dirname(package)
+    lib = os.path.join(package, "python", "lib")
+    zips = [os.path.join(lib, "pyspark.zip"), os.path.join(lib, "py4j-0.10.9.9-src.zip")]
+    assert pydaemon.prefer_installed_pyspark([*zips, "/app", site]) == ["/app", site, *zips]
+    elsewhere = ["/opt/spark/python/lib/pyspark.zip", "/opt/spark/python/lib/py4j-src.zip", site]
+    assert pydaemon.prefer_installed_pyspark(elsewhere) == elsewhere  # another Spark: its zips
+    without_install = [*zips, "/app"]
+    assert pydaemon.prefer_installed_pyspark(without_install) == without_install
+    assert pydaemon.prefer_installed_pyspark(["/app", site]) == ["/app", site]
+
+
 def _collected_objects(_partition):
     gc.collect()
     return [(os.getpid(), len(gc.get_objects()), gc.get_freeze_count())]
