@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -114,9 +115,17 @@ def kill_group(process: subprocess.Popen[str]) -> None:
     process.wait()
 
 
+_EMITTING = threading.Lock()
+
+
 def emit(**fields: Any) -> None:
-    """One event of a measured process, a JSON line on stdout for the process that started it."""
-    print(json.dumps(fields), flush=True)
+    """One event of a measured process, a JSON line on stdout for the process that started it.
+    Whole lines only: a batch listener and a kill thread emit at once (print writes the line
+    and its newline apart, and a line cut that way stopped a recovery run)."""
+    line = json.dumps(fields) + "\n"
+    with _EMITTING:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def run_tool(package: str, tools: dict[str, str], argv: list[str] | None = None) -> int:

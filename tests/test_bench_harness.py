@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,8 @@ from bench.throughput import feed, reference
 from bench.throughput.reference import check_outputs, count_digest, expected, sample_batches, top_k
 from bench.throughput.search import RateSearch, round_rate
 from bench.throughput.trial import BUSY, OK, SLOW, WRONG, Verdict, judge, percentile
+
+ROOT = Path(__file__).parent.parent
 
 
 def test_percentile_is_nearest_rank():
@@ -865,3 +870,27 @@ def test_a_rate_that_failed_on_latency_is_bisected_not_crept_up_to():
     search.record(200_000, False, fast)
     search.record(800_000, False, late)
     assert search.next_trial() == (400_000, False)
+
+
+def test_events_emitted_from_two_threads_at_once_stay_whole_lines():
+    """A recovery subject emits batches from Spark's listener thread and kills from its own,
+    into a pipe (print's separate write of the newline let another thread's line in between)."""
+    program = """if True:
+        import threading
+        from bench.common import emit
+
+        def emit_many(source):
+            for n in range(3000):
+                emit(event=source, n=n, padding="x" * 200)
+
+        threads = [threading.Thread(target=emit_many, args=(s,)) for s in ("batch", "killed")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    """
+    out = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    events = [json.loads(line) for line in out.splitlines()]
+    assert Counter(e["event"] for e in events) == {"batch": 3000, "killed": 3000}
