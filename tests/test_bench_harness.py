@@ -894,3 +894,33 @@ def test_events_emitted_from_two_threads_at_once_stay_whole_lines():
     ).stdout
     events = [json.loads(line) for line in out.splitlines()]
     assert Counter(e["event"] for e in events) == {"batch": 3000, "killed": 3000}
+
+
+def test_each_executor_kill_waits_one_batch_longer_than_the_one_before(monkeypatch, capsys):
+    """So that the kills of a run fall at every phase of the state checkpoints (bench/recovery/
+    subject.py): with a gap of 30 batches and checkpoints every 10, every kill fell at one."""
+    from bench.recovery import subject
+
+    class Batches:
+        batch_ms = 1000
+
+        def __init__(self) -> None:
+            self.done = 0
+            self.killed_at: list[int] = []
+
+        def wait_for(self, count: int, deadline: float) -> None:
+            self.done = max(self.done, count)
+
+        def wait_until_on_schedule(self, since: int, in_a_row: int, deadline: float) -> None:
+            self.killed_at.append(self.done)
+
+        def completed(self) -> int:
+            return self.done
+
+    monkeypatch.setattr(subject, "kill_one_executor", lambda: 4242)
+    batches = Batches()
+    needed = subject.kill_executors(batches, 20, kills=4, every=30, deadline=float("inf"))
+    assert batches.killed_at == [20, 50, 81, 113]
+    assert needed == 113 + 33
+    kills = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [k["pid"] for k in kills] == [4242] * 4

@@ -172,7 +172,7 @@ def executor_kill(subject: Subject, kills: int = 1, every: int = AFTER) -> dict[
         "--kill-every",
         str(every),
     )
-    batches = BEFORE + kills * every
+    batches = BEFORE + kills * every + kills * (kills - 1) // 2  # each gap a batch longer
     command = recover_command(subject, checkpoint, batches, LOCAL_CLUSTER, *extra)
     run = RecoverProcess(command, f"recovery-executor-{subject.system}.log")
     try:

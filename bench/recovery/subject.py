@@ -4,9 +4,13 @@
 batches, as a lost node; the lost cached state is recomputed (DStreams: from lineage and the last
 state checkpoint; Structured Streaming: from the state store's files). With `--kills K`, K
 executors in turn. Each kill, the first too, waits until the job is on schedule (ON_SCHEDULE
-batches in a row started on time) and at least `--kill-every M` batches after the one before
-(at most 4 M: a job that does not get back is killed again all the same, and its recovery counts
-as not seen). For a driver restart, the
+batches in a row started on time) and, after the one before, at least `--kill-every M` batches
+and one batch more each time (M, M + 1, M + 2, ...; at most 4 times that: a job that does not get
+back is killed again all the same, and its recovery counts as not seen). The growing gap walks
+the kills through every phase of the state checkpoints: a kill right after one has a short
+lineage to recompute, one a few batches later recomputes those batches' lost shuffle outputs,
+and with a fixed gap that is a multiple of the checkpoint interval (30 and 10 batches) every
+kill of a run landed at the same phase. For a driver restart, the
 parent SIGKILLs this whole process group and starts it again on the same checkpoint.
 """
 
@@ -44,12 +48,12 @@ def kill_executors(
     """`kills` executors killed in turn, each reported (see the module docstring); the number
     of batches the run needs after the last kill."""
     since = first_after
-    for _ in range(kills):
+    for kill in range(kills):
         system.wait_for(since, deadline)
-        settle_by = time.monotonic() + 3 * max(every, first_after) * system.batch_ms / 1000
+        settle_by = time.monotonic() + 3 * max(every + kill, first_after) * system.batch_ms / 1000
         system.wait_until_on_schedule(since, ON_SCHEDULE, min(deadline, settle_by))
         emit(event="killed", ms=int(time.time() * 1000), pid=kill_one_executor())
-        since = system.completed() + every
+        since = system.completed() + every + kill
     return since
 
 
