@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import sys
+import time
+from pathlib import Path
 
+import psutil
 import pytest
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -95,3 +100,35 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.xdist_group(group))
     if hasattr(config, "workerinput"):  # an xdist worker: the order is the order of dispatch
         items.sort(key=lambda item: -expected_seconds(item.nodeid))  # stable: the rest as is
+
+
+def spark_work_dir() -> Path:
+    """Where local-cluster's standalone workers put each application's executor directories."""
+    spec = importlib.util.find_spec("pyspark")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(spec.submodule_search_locations[0]) / "work"
+
+
+_SESSION_STARTED = time.time()
+
+
+def pytest_sessionfinish(session):
+    """Remove the executor directories of the session's local-cluster runs, once, at the end.
+    Not per test: two drivers started in the same second get the same application ID
+    (`app-<time>-0000`, each from its own master), so a test removing "its" directory could
+    remove the working directory of another test's live executor, whose Python workers then
+    failed to import anything new (a soak in CI). Directories that a live process still works
+    in (another pytest session's) are kept."""
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the others may still run
+        return
+    in_use = set()
+    for process in psutil.process_iter(["cwd"]):
+        if process.info["cwd"]:
+            in_use.add(Path(process.info["cwd"]))
+    for app in spark_work_dir().glob("app-*"):
+        try:
+            made_now = app.stat().st_mtime >= _SESSION_STARTED
+        except FileNotFoundError:
+            continue
+        if made_now and not any(app in cwd.parents or app == cwd for cwd in in_use):
+            shutil.rmtree(app, ignore_errors=True)

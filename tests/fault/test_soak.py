@@ -56,7 +56,6 @@ import math
 import os
 import random
 import re
-import shutil
 import signal
 import statistics
 import threading
@@ -70,7 +69,6 @@ from pathlib import Path
 from typing import Any, Self
 
 import psycopg
-import pyspark
 import pytest
 import redis
 from confluent_kafka import Producer as KafkaProducer
@@ -526,7 +524,6 @@ class Tally:
     warm_takeovers: list[float] = field(default_factory=list)  # the recoveries of those kills
     executor_recoveries: list[float] = field(default_factory=list)
     phases: dict[str, list[float]] = field(default_factory=dict)  # seconds after the kill
-    apps: set[str] = field(default_factory=set)  # their workers' directories go at the end
 
     def killed(self, at: tuple[float, float], warm: bool) -> None:
         """A driver died `at` (monotonic, wall clock), a warm standby waiting or not."""
@@ -609,7 +606,6 @@ def next_batch(driver: Driver) -> float:
 def kill_executors(driver: Driver, job: FeedJob, run: Run, rng: random.Random, tally: Tally):
     for _ in range(run.executor_kills):
         executors = wait_until(lambda: executor_pids(driver.pid), STEP_TIMEOUT_S)
-        tally.apps.update(executors.values())
         time.sleep(rng.uniform(0, job.batch_s))  # somewhere inside a batch
         os.kill(rng.choice(sorted(executors)), signal.SIGKILL)
         killed_at = time.monotonic()
@@ -644,7 +640,6 @@ def live_through(
             if run.outage_s:
                 sink_outage(driver, job.feed, run.outage_s)
             time.sleep(tally.until(run.lives_s) + rng.uniform(0, job.batch_s))  # when it dies
-            tally.apps.update(executor_pids(driver.pid).values())
             tally.read_timeline(driver)
             tally.killed(moment(), warm_now(standby))  # before: a warm standby leads at once
             driver.kill()
@@ -704,7 +699,6 @@ def last_run(driver: Driver, job: FeedJob, batch_log: BatchLogWatch, tally: Tall
         wait_until(
             lambda: read_admitted(job.feed, batch_log, admitted) >= everything, STEP_TIMEOUT_S
         )
-        tally.apps.update(executor_pids(driver.pid).values())
         assert driver.terminate(timeout_s=120) == 0
         tally.read_timeline(driver)
     finally:
@@ -820,15 +814,11 @@ def test_soak_under_driver_and_executor_kills_and_a_sink_outage(feed_type, tmp_p
         )
         job.write()
         tally = Tally()
-        try:
-            with BatchLogWatch(job.checkpoint) as batch_log:
-                feed.producer.start()
-                runs = schedule(rng, size)
-                driver = live_through_schedule(runs, job, rng, tally, feed_type.endswith(STANDBY))
-                written = last_run(driver, job, batch_log, tally)
-        finally:
-            for app in tally.apps:  # only this soak's: other tests may run local-cluster now
-                shutil.rmtree(Path(pyspark.__file__).parent / "work" / app, ignore_errors=True)
+        with BatchLogWatch(job.checkpoint) as batch_log:
+            feed.producer.start()
+            runs = schedule(rng, size)
+            driver = live_through_schedule(runs, job, rng, tally, feed_type.endswith(STANDBY))
+            written = last_run(driver, job, batch_log, tally)
         verdict, problems = verify_feed(job, batch_log, written)
     print(soak_line(tally, verdict, feed_type))
     assert (tally.driver_kills, tally.executor_kills) == (size.driver_kills, size.executor_kills)
