@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.common import DAEMONS, kill_group, start_process
+from bench.recovery.subject import kill_gap
 from bench.throughput.systems import SYSTEM_CLASSES
 
 RECOVERED_MS = 500
@@ -172,7 +173,7 @@ def executor_kill(subject: Subject, kills: int = 1, every: int = AFTER) -> dict[
         "--kill-every",
         str(every),
     )
-    batches = BEFORE + kills * every + kills * (kills - 1) // 2  # each gap a batch longer
+    batches = BEFORE + sum(kill_gap(every, kill) for kill in range(kills))
     command = recover_command(subject, checkpoint, batches, LOCAL_CLUSTER, *extra)
     run = RecoverProcess(command, f"recovery-executor-{subject.system}.log")
     try:

@@ -42,6 +42,12 @@ def kill_one_executor() -> int | None:
     return None
 
 
+def kill_gap(every: int, kill: int) -> int:
+    """Batches at least between kill number `kill` (from 0) and the next: one more each time,
+    so that a run's kills fall at every phase of the state checkpoints (see the module)."""
+    return every + kill
+
+
 def kill_executors(
     system: System, first_after: int, kills: int, every: int, deadline: float
 ) -> int:
@@ -50,10 +56,11 @@ def kill_executors(
     since = first_after
     for kill in range(kills):
         system.wait_for(since, deadline)
-        settle_by = time.monotonic() + 3 * max(every + kill, first_after) * system.batch_ms / 1000
+        gap = kill_gap(every, kill)
+        settle_by = time.monotonic() + 3 * max(gap, first_after) * system.batch_ms / 1000
         system.wait_until_on_schedule(since, ON_SCHEDULE, min(deadline, settle_by))
         emit(event="killed", ms=int(time.time() * 1000), pid=kill_one_executor())
-        since = system.completed() + every + kill
+        since = system.completed() + gap
     return since
 
 
