@@ -91,7 +91,8 @@ class Settings:
         self.memory = memory
         self.reads = 0
 
-    def getConf(self) -> Settings:
+    @property
+    def _conf(self) -> Settings:
         return self
 
     def get(self, key: str, default: str) -> str:

@@ -143,7 +143,7 @@ class StreamingContext:
             "batchMs": self._batch_ms,
             "graph": self._graph.signature(),
             "pickledGraph": base64.b64encode(pickled).decode("ascii"),
-            "sparkConf": sorted(self._sc.getConf().getAll()),
+            "sparkConf": sorted(self._sc._conf.getAll()),
         }
 
     @classmethod
@@ -272,7 +272,7 @@ class StreamingContext:
     # -- running --------------------------------------------------------------------------
 
     def _rate_controllers(self) -> dict[str, RateController]:
-        conf = self._sc.getConf()
+        conf = self._sc._conf
         if conf.get("spark.streaming.backpressure.enabled", "false").lower() != "true":
             return {}
 
@@ -314,7 +314,7 @@ class StreamingContext:
             self._clock,
             self._checkpoint_dir,
             self._rate_controllers(),
-            FailurePolicy.from_conf(self._sc.getConf()),
+            FailurePolicy.from_conf(self._sc._conf),
             report_error=self._report_error,
             checkpoint_metadata=self._checkpoint_metadata,
         )

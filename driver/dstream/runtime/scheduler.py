@@ -269,7 +269,7 @@ class BatchScheduler:
         """Hold the checkpoint's lease for the run (lease.py) under a new epoch, which every
         log entry carries and every write checks (fencing.py). A standby that finds the lead
         free leads at once: following first would only delay its first batch."""
-        conf = self._sc.getConf()
+        conf = self._sc._conf
         duration_s = float(conf.get(DURATION_KEY, str(DEFAULT_DURATION_S)))
         election = _kube_lease(conf.get(KUBE_LEASE_KEY), duration_s)
         self.lease = CheckpointLease(checkpoint.path, duration_s, epoch_source_from_env(), election)

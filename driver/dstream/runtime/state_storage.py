@@ -26,7 +26,7 @@ _LEVELS = {"1": StorageLevel.MEMORY_ONLY, "2": StorageLevel.MEMORY_ONLY_2}
 
 def state_storage_level(sc: SparkContext) -> StorageLevel:
     """The storage level of state RDDs under `sc`'s settings (see the module)."""
-    return storage_level(sc.getConf().get(REPLICATION_KEY))
+    return storage_level(sc._conf.get(REPLICATION_KEY))
 
 
 def storage_level(replication: str | None) -> StorageLevel:

@@ -89,7 +89,7 @@ def expected_executors(master: str, instances: str | None) -> int:
 def watch_executors(sc: SparkContext, poll_s: float = 0.1) -> None:
     """Mark `executors_registered` once as many executors as expected have registered,
     watching from a daemon thread (a SparkContext stopped first ends it unmarked)."""
-    conf = sc.getConf()
+    conf = sc._conf
     expected = expected_executors(
         conf.get("spark.master", "local"), conf.get("spark.executor.instances")
     )

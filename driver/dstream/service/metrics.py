@@ -407,5 +407,5 @@ class LiveCollector(Collector):
 
 def state_keys_interval(ssc: StreamingContext) -> float:
     """The sampling interval from the Spark conf (a job sets it through spec.sparkConf)."""
-    value = ssc.sparkContext.getConf().get(STATE_KEYS_INTERVAL_CONF)
+    value = ssc.sparkContext._conf.get(STATE_KEYS_INTERVAL_CONF)
     return DEFAULT_STATE_KEYS_INTERVAL_S if value is None else float(value)

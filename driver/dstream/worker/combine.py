@@ -58,7 +58,7 @@ def worker_memory_mb(sc: SparkContext) -> int:
     try:
         return _WORKER_MEMORY_MB[sc]
     except KeyError:
-        limit = _WORKER_MEMORY_MB[sc] = _parse_memory(sc.getConf().get(WORKER_MEMORY, "512m"))
+        limit = _WORKER_MEMORY_MB[sc] = _parse_memory(sc._conf.get(WORKER_MEMORY, "512m"))
         return limit
 
 
