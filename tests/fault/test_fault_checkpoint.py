@@ -16,7 +16,12 @@ from typing import Any
 
 import pytest
 from dstream import StreamingContext
-from dstream.runtime.checkpoint import CheckpointDir, CheckpointUnrecoverableError
+from dstream.runtime.checkpoint import (
+    CheckpointDir,
+    CheckpointUnrecoverableError,
+    TornFileError,
+    verify_state_checkpoint,
+)
 from dstream.runtime.clock import ManualClock
 from dstream.runtime.failure import FailurePolicy
 from dstream.runtime.graph import READ_BY
@@ -97,6 +102,49 @@ def durable_stream(ssc: Any) -> Any:
     """The stream whose every batch is written: the incremental window's per-batch counts."""
     (stream,) = [s for s in ssc._graph.streams if s.checkpoint_data.durable_batches]
     return stream
+
+
+def flip_a_byte(part: Path, rng: random.Random) -> None:
+    """Change one byte of `part` in place, as a bad disk would: its length stays whole."""
+    data = bytearray(part.read_bytes())
+    data[rng.randrange(len(data))] ^= 0x40
+    part.write_bytes(bytes(data))
+
+
+DAMAGES = {
+    "a byte changed": lambda parts, rng: flip_a_byte(parts[1], rng),
+    "cut at a chunk boundary": lambda parts, _rng: os.truncate(parts[1], 512),
+    "a part missing": lambda parts, _rng: parts[1].unlink(),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_state_checkpoint_is_verified_in_the_driver_against_its_checksums(sc, tmp_path, damage):
+    """A restarted driver verifies a state checkpoint itself, without a Spark job that would
+    wait for its executors: every damage Spark's read would find, and the cut Spark misses."""
+    sc.setCheckpointDir(str(tmp_path / "state"))
+    rdd = sc.parallelize([(f"k{i}", "v" * 40) for i in range(6000)], 3)
+    rdd.checkpoint()
+    rdd.count()
+    path = rdd.getCheckpointFile()
+    parts = sorted(Path(path.removeprefix("file:")).glob("part-*"))
+    assert len(parts) == 3 and parts[1].stat().st_size > 1024
+    assert verify_state_checkpoint(path) is True
+
+    DAMAGES[damage](parts, fault_rng())
+    with pytest.raises(TornFileError, match="part-00001"):
+        verify_state_checkpoint(path)
+
+
+def test_a_state_checkpoint_without_checksums_is_left_to_sparks_read(sc, tmp_path):
+    sc.setCheckpointDir(str(tmp_path / "state"))
+    rdd = sc.parallelize(range(100), 2)
+    rdd.checkpoint()
+    rdd.count()
+    path = rdd.getCheckpointFile()
+    for crc in Path(path.removeprefix("file:")).glob(".part-*.crc"):
+        crc.unlink()
+    assert verify_state_checkpoint(path) is False
 
 
 def test_torn_state_checkpoints_fall_back_to_the_previous_ones(job):

@@ -25,9 +25,9 @@ from dstream.runtime.checkpoint import (
     CheckpointMismatchError,
     CheckpointUnrecoverableError,
     LogState,
-    check_state_checkpoint,
     compare_signatures,
     local_path,
+    verify_state_checkpoint,
 )
 from dstream.runtime.fencing import DeposedError, Fence
 from dstream.runtime.timeutil import datetime_of
@@ -193,17 +193,16 @@ class CheckpointRecovery:
         return restored
 
     def read_checkpoint(self, stream: DStream, path: str, torn: list[str]) -> RDD | None:
-        """A state checkpoint as an RDD, read through once in the JVM to verify it (its
-        partitioner back when the stream's RDDs are hash-partitioned), or a durable batch
-        checked part by part; None when torn."""
+        """A state checkpoint as an RDD, verified once (its partitioner back when the stream's
+        RDDs are hash-partitioned), or a durable batch checked part by part; None when torn.
+        Spark's checkpoints are never changed once written, so a standby's check holds."""
         sc = self._sc
         try:
             if durable.is_durable(path):
                 return self._graph.read_durably(sc, path)
             jrdd = sc._jsc.checkpointFile(path)
-            if path not in self._verified:  # Spark's checkpoints are never changed once written
-                check_state_checkpoint(path)
-                jrdd.count()
+            if path not in self._verified and not verify_state_checkpoint(path):
+                jrdd.count()  # no checksums beside it: Spark reads it through
         except Exception as error:
             log.warning(
                 "checkpoint %s unreadable (%s): not used (an older one, or the source, serves)",
@@ -333,8 +332,8 @@ class CheckpointFollower:
             if self._stop.is_set() or path in self._verified or durable.is_durable(path):
                 continue
             try:
-                check_state_checkpoint(path)
-                sc._jsc.checkpointFile(path).count()
+                if not verify_state_checkpoint(path):
+                    sc._jsc.checkpointFile(path).count()
             except Exception as error:  # pruned or being written: the next round or recovery
                 log.debug("standby: state checkpoint %s not read yet (%s)", path, error)
                 continue
