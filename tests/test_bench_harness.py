@@ -84,6 +84,23 @@ def _search_of(result):
     return search
 
 
+def test_after_two_failed_trials_the_search_bisects_instead_of_trusting_the_line():
+    """Run 7 of 2026-11-26 (Grep, 500 ms): past 800,000 the p90s did not grow with the rate,
+    the line placed the edge just under each failure, and the search used its trials up at
+    1,900,000-2,300,000 and confirmed 800,000."""
+    search = RateSearch(200_000, max_trials=6, tolerance=0.1, confirm=True, interval_ms=500)
+    for rate, p90, kind in [
+        (200_000, 161.0, OK),
+        (800_000, 252.0, OK),
+        (2_300_000, 516.0, SLOW),
+        (2_100_000, 494.0, SLOW),
+    ]:
+        search.record(rate, False, Verdict(kind, kind, p90, p90, 0.0, 30))
+    rate, confirmation = search.next_trial()
+    assert not confirmation
+    assert 1_200_000 <= rate <= 1_400_000  # the bracket's geometric middle, about 1,296,000
+
+
 def test_search_reports_no_figure_when_nothing_passes():
     result = _drive(RateSearch(50_000, max_trials=6, tolerance=0.1, confirm=True), 50)
     assert result.status == "no passing rate" and result.rate is None

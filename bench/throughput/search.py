@@ -7,7 +7,8 @@ sustainable, so each next rate is where the line through the trials' p90 process
 predicts TARGET_MS (just under the pass limit: the search looks for the edge), kept
 inside the bracket (highest passing rate, lowest failing rate above it). When the lowest failing
 rate failed with its batches in time (on latency, or a feed that lagged), the line says nothing
-about that edge, and the bracket's geometric middle is tried instead. When the bracket is
+about that edge, and when the last two trials both failed, it has missed it twice: then the
+bracket's geometric middle is tried instead. When the bracket is
 narrow enough, or the trials are used up, the highest passing rate must pass a confirmation
 trial (longer, with the window full); a failed confirmation steps down by STEP_DOWN (not below
 the highest passing search rate that has not failed a confirmation) and confirms again. The
@@ -158,14 +159,17 @@ class RateSearch:
         )
 
     def _next_search_rate(self, low: int | None, high: int | None, last: int) -> int | None:
-        """Inside the bracket: the line's prediction, else (or when the lowest failing rate
-        failed for another reason than processing time) the bracket's geometric middle;
-        without a failing rate yet at most 4x up, without a passing one at least 4x down."""
+        """Inside the bracket: the line's prediction, else (when the lowest failing rate
+        failed for another reason than processing time, or the last two trials both failed)
+        the bracket's geometric middle; without a failing rate yet at most 4x up, without a
+        passing one at least 4x down. Near an edge where processing time does not grow
+        linearly, the line can keep placing it just below the last failure."""
         if low is None and high is not None and high <= MIN_RATE:
             return None
         lower = low * (1 + self.tolerance / 2) if low else last / 4
         upper = high / (1 + self.tolerance / 2) if high else last * 4
-        blind = high is not None and self._failed_within_time(high)
+        missed = [t.verdict.sustainable for t in self._search_trials()[-2:]] == [False, False]
+        blind = high is not None and (missed or self._failed_within_time(high))
         guess = None if blind else predict(self.trials, self.target_ms)
         if guess is None:
             guess = math.sqrt(lower * upper) if low and high else (upper if not high else lower)
