@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from dstream import StreamingContext
+from dstream.runtime import checkpoint
 from dstream.runtime.checkpoint import (
     CheckpointDir,
     CheckpointUnrecoverableError,
@@ -119,9 +120,13 @@ DAMAGES = {
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
-def test_a_state_checkpoint_is_verified_in_the_driver_against_its_checksums(sc, tmp_path, damage):
+def test_a_state_checkpoint_is_verified_in_the_driver_against_its_checksums(
+    sc, tmp_path, monkeypatch, damage
+):
     """A restarted driver verifies a state checkpoint itself, without a Spark job that would
-    wait for its executors: every damage Spark's read would find, and the cut Spark misses."""
+    wait for its executors: every damage Spark's read would find, and the cut Spark misses.
+    Parts are read a few chunks at a time here, so that a part spans several reads."""
+    monkeypatch.setattr(checkpoint, "_CHUNKS_PER_READ", 3)
     sc.setCheckpointDir(str(tmp_path / "state"))
     rdd = sc.parallelize([(f"k{i}", "v" * 40) for i in range(6000)], 3)
     rdd.checkpoint()

@@ -53,6 +53,7 @@ _TUNABLE_SIGNATURE_KEYS = frozenset({"checkpointMs"})
 METADATA_VERSION = 2
 FAULT_INJECT_ENV = "DSTREAM_FAULT_INJECT"
 _CRC_MAGIC = b"crc\0"
+_CHUNKS_PER_READ = 2048
 _fault_arrivals: dict[str, int] = {}
 
 
@@ -369,16 +370,20 @@ def verify_state_checkpoint(uri: str) -> bool:
 
 def _check_chunks(part: Path, chunk: int, sums: bytes) -> None:
     """TornFileError unless `part` has as many `chunk`-byte chunks as `sums` holds CRCs, each
-    matching."""
-    data = part.read_bytes()
-    chunks = -(-len(data) // chunk)
-    if chunks != len(sums) // 4:
-        raise TornFileError(f"{part}: {len(data)} bytes, its .crc covers {len(sums) // 4} chunks")
-    view = memoryview(data)
-    for index in range(chunks):
-        crc = zlib.crc32(view[index * chunk : (index + 1) * chunk])
-        if crc != int.from_bytes(sums[index * 4 : index * 4 + 4], "big"):
-            raise TornFileError(f"{part}: chunk {index} fails its checksum")
+    matching. Read a block at a time: a state part can be larger than the driver's memory
+    should hold (the check takes about 1 s per GB on one core)."""
+    size = part.stat().st_size
+    if -(-size // chunk) != len(sums) // 4:
+        raise TornFileError(f"{part}: {size} bytes, its .crc covers {len(sums) // 4} chunks")
+    index = 0
+    with open(part, "rb") as data:
+        while block := data.read(chunk * _CHUNKS_PER_READ):
+            view = memoryview(block)
+            for start in range(0, len(block), chunk):
+                recorded = int.from_bytes(sums[index * 4 : index * 4 + 4], "big")
+                if zlib.crc32(view[start : start + chunk]) != recorded:
+                    raise TornFileError(f"{part}: chunk {index} fails its checksum")
+                index += 1
 
 
 def _crc_sums(path: Path) -> tuple[int, bytes] | None:
