@@ -112,6 +112,15 @@ def flip_a_byte(part: Path, rng: random.Random) -> None:
     part.write_bytes(bytes(data))
 
 
+def spark_checkpoint(sc: Any, tmp_path: Path, records: list[Any], partitions: int) -> str:
+    """Where Spark wrote a reliable checkpoint of `records` in `partitions` parts."""
+    sc.setCheckpointDir(str(tmp_path / "state"))
+    rdd = sc.parallelize(records, partitions)
+    rdd.checkpoint()
+    rdd.count()
+    return rdd.getCheckpointFile()
+
+
 DAMAGES = {
     "a byte changed": lambda parts, rng: flip_a_byte(parts[1], rng),
     "cut at a chunk boundary": lambda parts, _rng: os.truncate(parts[1], 512),
@@ -127,11 +136,7 @@ def test_a_state_checkpoint_is_verified_in_the_driver_against_its_checksums(
     wait for its executors: every damage Spark's read would find, and the cut Spark misses.
     Parts are read a few chunks at a time here, so that a part spans several reads."""
     monkeypatch.setattr(checkpoint, "_CHUNKS_PER_READ", 3)
-    sc.setCheckpointDir(str(tmp_path / "state"))
-    rdd = sc.parallelize([(f"k{i}", "v" * 40) for i in range(6000)], 3)
-    rdd.checkpoint()
-    rdd.count()
-    path = rdd.getCheckpointFile()
+    path = spark_checkpoint(sc, tmp_path, [(f"k{i}", "v" * 40) for i in range(6000)], 3)
     parts = sorted(Path(path.removeprefix("file:")).glob("part-*"))
     assert len(parts) == 3 and parts[1].stat().st_size > 1024
     assert verify_state_checkpoint(path) is True
@@ -142,11 +147,7 @@ def test_a_state_checkpoint_is_verified_in_the_driver_against_its_checksums(
 
 
 def test_a_state_checkpoint_without_checksums_is_left_to_sparks_read(sc, tmp_path):
-    sc.setCheckpointDir(str(tmp_path / "state"))
-    rdd = sc.parallelize(range(100), 2)
-    rdd.checkpoint()
-    rdd.count()
-    path = rdd.getCheckpointFile()
+    path = spark_checkpoint(sc, tmp_path, list(range(100)), 2)
     for crc in Path(path.removeprefix("file:")).glob(".part-*.crc"):
         crc.unlink()
     assert verify_state_checkpoint(path) is False

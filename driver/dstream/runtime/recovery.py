@@ -67,6 +67,13 @@ def recovery_counts(recovery: Recovery | None) -> dict[str, int]:
     }
 
 
+def verify_state(sc: SparkContext, path: str) -> None:
+    """Verify a state checkpoint: in the driver against its checksums, or, where it has none
+    beside it, by Spark reading it through once; raises when it is torn."""
+    if not verify_state_checkpoint(path):
+        sc._jsc.checkpointFile(path).count()
+
+
 class CheckpointRecovery:
     """One restart's recovery of a graph from its checkpoint directory (`run` does it)."""
 
@@ -200,9 +207,9 @@ class CheckpointRecovery:
         try:
             if durable.is_durable(path):
                 return self._graph.read_durably(sc, path)
+            if path not in self._verified:
+                verify_state(sc, path)
             jrdd = sc._jsc.checkpointFile(path)
-            if path not in self._verified and not verify_state_checkpoint(path):
-                jrdd.count()  # no checksums beside it: Spark reads it through
         except Exception as error:
             log.warning(
                 "checkpoint %s unreadable (%s): not used (an older one, or the source, serves)",
@@ -332,8 +339,7 @@ class CheckpointFollower:
             if self._stop.is_set() or path in self._verified or durable.is_durable(path):
                 continue
             try:
-                if not verify_state_checkpoint(path):
-                    sc._jsc.checkpointFile(path).count()
+                verify_state(sc, path)
             except Exception as error:  # pruned or being written: the next round or recovery
                 log.debug("standby: state checkpoint %s not read yet (%s)", path, error)
                 continue
