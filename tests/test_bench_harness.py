@@ -614,6 +614,27 @@ def test_a_search_sets_each_dstream_program_against_the_ceiling_measured_between
     assert ours["rate"] > peer["rate"]
 
 
+def test_every_trial_of_a_search_keeps_its_latency_so_two_systems_compare_at_one_rate():
+    """Not only the deciding trial: a peer's search trial at dstream's published rate says what
+    the peer's p99 was there, passed or failed."""
+    from bench.throughput.searches import summarize_search
+
+    search = RateSearch(50_000, 6, 0.05, confirm=True)
+    figures, events = iter([(1_400.0, 1.0), (2_600.0, 0.97)]), []
+    while (planned := search.next_trial()) is not None:
+        p99, within = next(figures, (1_500.0 + len(events), 1.0))
+        verdict = Verdict(OK if within == 1.0 else SLOW, "", 500.0, 600.0, 0.0, 30, p99, within)
+        events.append({"rate": planned[0], "confirmation": planned[1], "verdict": vars(verdict)})
+        events[-1] |= {"batches": [{"processing_ms": 500.0}], "checked_batches": []}
+        search.record(*planned, verdict)
+    row = summarize_search(search, events, [])
+    assert [t["latency_p99_ms"] for t in row["trials"]] == [
+        e["verdict"]["latency_p99_ms"] for e in events
+    ]
+    failed = [t for t in row["trials"] if t["verdict"] == SLOW]
+    assert failed and all(t["within_target"] == 0.97 for t in failed)
+
+
 def test_report_sets_maxima_against_the_ceiling_and_the_issue_goals(tmp_path):
     ceiling = {"median": 900_000, "range": [850_000, 950_000], "samples": 7}
     rows = {

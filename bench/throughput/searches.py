@@ -163,9 +163,11 @@ def trial_line(system: str, variant: str, event: dict[str, Any]) -> str:
     v = event["verdict"]
     kind = "confirm" if event["confirmation"] else "search"
     load = event.get("load", {})
+    p99 = v.get("latency_p99_ms")
     return (
         f"  {event['workload']:9} {system:17} {variant:8} {event['rate']:>9,}/s {kind:7} "
         f"p50 {v['processing_p50_ms']:5.0f} p90 {v['processing_p90_ms']:5.0f} ms "
+        f"{'' if p99 is None else f'latency p99 {p99:5.0f} ms '}"
         f"load {load.get('load1_max', 0):.1f} others {load.get('others_cores_mean', 0):.2f}: "
         f"{v['kind'] if v['kind'] != 'ok' else 'ok'}{'' if v['kind'] == 'ok' else ' (' + v['reason'] + ')'}"
     )
@@ -240,6 +242,10 @@ def summarize_ceiling(samples: list[float]) -> dict[str, Any]:
     }
 
 
+# Kept for every trial, not only the deciding one: two systems' latencies at one rate compare.
+TRIAL_FIGURES = ("processing_p50_ms", "processing_p90_ms", "latency_p99_ms", "within_target")
+
+
 def summarize_search(
     search: RateSearch, events: list[dict[str, Any]], ceilings: list[float]
 ) -> dict[str, Any]:
@@ -254,7 +260,7 @@ def summarize_search(
         row["others_cores_max_mean"] = max(x["others_cores_mean"] for x in loads)
     row["trials"] = [
         {k: e.get(k) for k in ("rate", "confirmation", "seconds", "attempt", "busy", "load")}
-        | {k: e["verdict"][k] for k in ("processing_p50_ms", "processing_p90_ms")}
+        | {k: e["verdict"].get(k) for k in TRIAL_FIGURES}
         | {"verdict": e["verdict"]["kind"], "reason": e["verdict"]["reason"]}
         for e in events
     ]
