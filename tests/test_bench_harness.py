@@ -624,8 +624,8 @@ def test_every_trial_of_a_search_keeps_its_latency_so_two_systems_compare_at_one
     while (planned := search.next_trial()) is not None:
         p99, within = next(figures, (1_500.0 + len(events), 1.0))
         verdict = Verdict(OK if within == 1.0 else SLOW, "", 500.0, 600.0, 0.0, 30, p99, within)
-        events.append({"rate": planned[0], "confirmation": planned[1], "verdict": vars(verdict)})
-        events[-1] |= {"batches": [{"processing_ms": 500.0}], "checked_batches": []}
+        event = {"rate": planned[0], "confirmation": planned[1], "verdict": vars(verdict)}
+        events.append(event | {"batches": [{"processing_ms": 500.0}], "checked_batches": []})
         search.record(*planned, verdict)
     row = summarize_search(search, events, [])
     assert [t["latency_p99_ms"] for t in row["trials"]] == [
