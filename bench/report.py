@@ -85,8 +85,60 @@ def ceiling_cells(row: dict[str, Any]) -> str:
     return f"{ceiling['median']:,} ({low:,} to {high:,}) | {share}"
 
 
+def same_rate_table(table: dict[str, Any]) -> list[str]:
+    """Every peer's latency at each dstream row's rate (bench/throughput/same_rate.py), set
+    against dstream's at that rate: from their interleaved trials, or, where the peer's search
+    already failed the target at or below the rate, that failure."""
+    lines = [
+        "| workload | dstream row | rate | system / variant | measured by | result "
+        "| latency: median batch p50 / worst batch p99; records within the target "
+        "| dstream's p99 no worse | run |",
+        "| --- | --- | ---: | --- | --- | --- | ---: | --- | ---: |",
+    ]
+    for workload in WORKLOADS:
+        for name, row in table.get(workload, {}).items():
+            at_rate = row.get("at_this_rate")
+            if not at_rate:
+                continue
+            ours = at_rate.get(name, row)
+            for peer, entry in at_rate.items():
+                how = (
+                    "a trial at this rate"
+                    if entry["source"] == "trial"
+                    else f"its search's trial at {entry['rate']:,}/s"
+                )
+                result = entry["verdict"] + ("" if entry["verdict"] == "ok" else f": {entry['reason']}")
+                verdict = "" if peer == name else no_worse(ours, entry)
+                lines.append(
+                    f"| {workload} | {name} | {row['rate']:,} | {peer} | {how} | {result} | "
+                    f"{at_rate_latency(entry)} | {verdict} | "
+                    f"{entry.get('run', '')} |"
+                )
+    return lines
+
+
+def at_rate_latency(entry: dict[str, Any]) -> str:
+    """A trial's latency cell; a search trial kept only its worst batch's p99 and share."""
+    if entry.get("latency_measured"):
+        return latency_cell(entry)
+    if entry.get("within_target") is None:
+        return ""
+    return f"worst batch p99 {_ms(entry['latency_p99_ms'])}; {entry['within_target']:.1%} within"
+
+
+def no_worse(ours: dict[str, Any], peer: dict[str, Any]) -> str:
+    """Whether dstream's p99 at the rate is at most the peer's: a peer that failed the target
+    there is worse by the target's own measure."""
+    if peer["verdict"] != "ok":
+        return "yes: the peer failed the target"
+    if ours.get("verdict", "ok") != "ok":
+        return "no: dstream failed the target at this rate"
+    difference = ours["latency_p99_ms"] - peer["latency_p99_ms"]
+    return "yes" if difference <= 0 else f"no: {difference:,.0f} ms higher"
+
+
 def goals_table(table: dict[str, Any]) -> list[str]:
-    """Issue 17's goals against one table: dstream's maximum over pyspark.streaming's, and the
+    """The rate goals against one table: dstream's maximum over pyspark.streaming's, and the
     rate the goal asks of dstream against the ceiling measured while they were searched."""
     lines = [
         "| workload | variant | dstream | pyspark.streaming | dstream / pyspark.streaming "
@@ -242,12 +294,23 @@ def write_report(
     for daemon, table in tables.items():
         text += [f"## Throughput, every system on `{daemon}`", "", *throughput_table(table), ""]
         text += [
-            "Issue 17's goals on this table (a goal rate above the ceiling is beyond any engine "
-            "running these programs on these cores):",
+            "The rate goals on this table, dstream's maximum over pyspark.streaming's (a goal "
+            "rate above the ceiling is beyond any engine running these programs on these "
+            "cores):",
             "",
             *goals_table(table),
             "",
         ]
+        comparisons = same_rate_table(table)
+        if len(comparisons) > 2:
+            text += [
+                "Every peer's latency at dstream's rate: the peer's search trial that failed the "
+                "target at or below it, or else a confirmation-length trial of the peer at the "
+                "rate right after one of dstream's (whose figures then stand for dstream's):",
+                "",
+                *comparisons,
+                "",
+            ]
     daemon = recovery.get("daemon")
     text += [
         "## Recovery (WordCount" + (f", `{daemon}`, run {recovery.get('run')})" if daemon else ")"),

@@ -17,7 +17,9 @@ every maximum, runs the recovery experiments and writes bench/results/<date>.md 
 harness, labelled so, never written to bench/results. `--merge` adds this run's rows to the
 day's results instead of replacing them (a table that takes hours can be measured in another
 run); `--recovery-only` runs only the recovery experiments, at half of the maxima the day's
-results already hold.
+results already hold. After each workload's searches, every peer's latency is measured at
+dstream's confirmed rates (bench/throughput/same_rate.py); `--same-rate-only` runs only that,
+at the rates the day's results already hold.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def tag_rows(tables: dict[str, dict[str, Any]], run: int) -> None:
         for rows in table.values():
             for row in rows.values():
                 row.setdefault("run", run)
+                for entry in row.get("at_this_rate", {}).values():
+                    entry.setdefault("run", run)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only recovery, at half of today's dstream.worker.pydaemon maxima (implies --merge)",
     )
+    parser.add_argument(
+        "--same-rate-only",
+        action="store_true",
+        help="no searches: every peer's latency at the dstream rates today's results hold "
+        "(bench/throughput/same_rate.py; implies --merge, trials only)",
+    )
     args = parser.parse_args(argv)
     plan = PLANS["quick" if args.quick else "full"].at_interval(args.batch_interval)
     gate = Gate(args.busy_cores, args.busy_block, args.retries, args.allow_load)
@@ -103,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     systems, workloads = args.systems.split(","), (args.workloads or ",".join(offered)).split(",")
     if set(workloads) - set(offered):
         parser.error(f"--workloads: {args.source} trials run {', '.join(offered)}")
-    recovers = not (args.quick or args.allow_load or args.no_recovery)
+    recovers = not (args.quick or args.allow_load or args.no_recovery or args.same_rate_only)
     if plan.batch_ms != 1000 and recovers:
         parser.error(f"--batch-interval {plan.batch_ms}: trials only; add --no-recovery")
     if args.master != "local[2]" and recovers:
@@ -116,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     daemons = [] if args.recovery_only else args.daemons.split(",")
     writes = not (args.quick or args.allow_load)
     stamp = datetime.now().strftime("%Y-%m-%d")
-    earlier = load_report(RESULTS, stamp) if args.merge or args.recovery_only else None
+    merges = args.merge or args.recovery_only or args.same_rate_only
+    earlier = load_report(RESULTS, stamp) if merges else None
     tables: dict[str, dict[str, Any]] = earlier["tables"] if earlier else {}
     recovery: dict[str, Any] = earlier["recovery"] if earlier else {}
     runs: list[dict[str, Any]] = earlier["runs"] if earlier else []
@@ -130,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     )
     pending = [f"{workload} on {daemon}" for daemon in daemons for workload in workloads]
-    pending += [] if args.no_recovery else ["recovery"]
+    pending += ["recovery"] if recovers else []
 
     def write() -> None:
         """The results so far: a run of hours may be stopped, and what it measured stays."""
@@ -165,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 measured,
                 broker.bootstrap if broker else None,
                 args.master,
+                search=not args.same_rate_only,
             )
     finally:
         if broker is not None:
@@ -177,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             "\n".join(summary_lines(tables[daemon], f"{label or 'RESULT'}: worker daemon {daemon}"))
         )
     print(f"({time.time() - started:.0f} s)", flush=True)
-    if writes and not args.no_recovery:
+    if writes and recovers:
         recovery.clear()
         recovery.update(run_recovery(systems, tables.get(DAEMONS[0], {}), DAEMONS[0]))
         recovery["run"] = len(runs)

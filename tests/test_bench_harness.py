@@ -635,6 +635,109 @@ def test_every_trial_of_a_search_keeps_its_latency_so_two_systems_compare_at_one
     assert failed and all(t["within_target"] == 0.97 for t in failed)
 
 
+class _LatencyWorker(_FakeWorker):
+    """A fake worker whose batches carry a measured latency (every record within the target),
+    and which keeps the commands it ran."""
+
+    def __init__(self, capacity: int, p99_ms: float) -> None:
+        super().__init__(capacity)
+        self.p99_ms, self.commands = p99_ms, []
+
+    def trial(self, command: dict) -> dict:
+        self.commands.append(command)
+        event = super().trial(command)
+        figures = {"latency_p50_ms": self.p99_ms / 2, "latency_p99_ms": self.p99_ms}
+        event["batches"] = [b | figures for b in event["batches"]]
+        return event
+
+
+def _searched(rate: int | None, *failed: int) -> dict:
+    """A row whose search confirmed `rate` after failing at the rates `failed`."""
+    trials = [{"rate": r, "verdict": SLOW, "reason": "late", "latency_p99_ms": 2_600.0} for r in failed]
+    trials.append({"rate": 50_000, "verdict": BUSY, "reason": "others used the CPU"})
+    return {"status": "confirmed" if rate else "no passing rate", "rate": rate, "trials": trials}
+
+
+def test_every_peer_is_measured_at_dstreams_rate_unless_its_search_failed_there():
+    """At each dstream rate, a peer whose search failed the target at or below it is settled by
+    that trial (a busy machine's trial does not count); every other peer runs right after a
+    trial of dstream at the same rate, and the report sets their p99s side by side."""
+    from bench.throughput.searches import PLANS, Gate, compare_at_dstream_rates
+
+    workers = {
+        "dstream": _LatencyWorker(10**9, 1_500.0),
+        "pyspark.streaming": _LatencyWorker(10**9, 1_700.0),
+        "structured": _LatencyWorker(10**9, 1_200.0),
+    }
+    rows = {
+        "dstream/tutorial": _searched(1_800_000, 2_000_000),
+        "dstream/tuned": _searched(1_000_000),
+        "pyspark.streaming/tutorial": _searched(1_900_000, 1_500_000),  # confirmed above it
+        "pyspark.streaming/tuned": _searched(1_200_000, 1_400_000),
+        "structured/plain": _searched(16_000_000),
+        "structured/expert": _searched(None, 40_000),
+    }
+    pairs = [tuple(name.split("/")) for name in rows]
+    plan = PLANS["full"]
+    gate = Gate(0.25, 10, 0, allow_load=True)
+    compare_at_dstream_rates(workers, rows, pairs, "", "grep", plan, gate)
+
+    ran = [(c["variant"], c["rate"]) for c in workers["pyspark.streaming"].commands]
+    assert ran == [("tutorial", 1_800_000), ("tutorial", 1_000_000), ("tuned", 1_000_000)]
+    assert [(c["variant"], c["rate"]) for c in workers["dstream"].commands] == [
+        ("tutorial", 1_800_000),
+        ("tuned", 1_000_000),
+    ]
+    everything = [c for w in workers.values() for c in w.commands]
+    assert all(c["measured"] == plan.confirm_measured and c["same_rate"] for c in everything)
+    at_rate = rows["dstream/tutorial"]["at_this_rate"]
+    assert at_rate["pyspark.streaming/tuned"] | {"run": None} == {
+        "source": "search",
+        "rate": 1_400_000,
+        "verdict": SLOW,
+        "reason": "late",
+        "latency_p99_ms": 2_600.0,
+        "within_target": None,
+        "run": None,
+    }
+    assert at_rate["structured/expert"]["rate"] == 40_000
+    assert at_rate["pyspark.streaming/tutorial"]["latency_p99_ms"] == 1_700
+    assert at_rate["dstream/tutorial"]["latency_p99_ms"] == 1_500
+    assert [c["rate"] for c in workers["structured"].commands] == [1_800_000, 1_000_000]
+
+
+def test_the_report_sets_each_peers_p99_at_dstreams_rate_against_dstreams(tmp_path):
+    trial = {"source": "trial", "verdict": OK, "reason": "ok", "latency_measured": True}
+    rows = {
+        "dstream/tuned": {
+            "status": "confirmed",
+            "rate": 300_000,
+            "at_this_rate": {
+                "dstream/tuned": trial | {"latency_p50_ms": 900, "latency_p99_ms": 1_500},
+                "pyspark.streaming/tuned": trial | {"latency_p50_ms": 1_000, "latency_p99_ms": 1_700},
+                "structured/plain": trial | {"latency_p50_ms": 600, "latency_p99_ms": 1_200},
+                "pyspark.streaming/tutorial": {
+                    "source": "search",
+                    "rate": 200_000,
+                    "verdict": SLOW,
+                    "reason": "late",
+                    "latency_p99_ms": 2_600.0,
+                    "within_target": 0.97,
+                },
+            },
+        }
+    }
+    text = one_table_report(tmp_path, "grep", rows)
+    lines = {line.split(" | ")[3]: line for line in text.splitlines() if "| grep | dstream/tuned | 300,000 |" in line}
+    assert "a trial at this rate | ok | 1,000 ms / 1,700 ms | yes |" in lines["pyspark.streaming/tuned"]
+    assert "| no: 300 ms higher |" in lines["structured/plain"]
+    assert (
+        "its search's trial at 200,000/s | too slow: late | worst batch p99 2,600 ms; 97.0% "
+        "within | yes: the peer failed the target |"
+    ) in lines["pyspark.streaming/tutorial"]
+    assert "| 900 ms / 1,500 ms |  |" in lines["dstream/tuned"]
+
+
 def test_report_sets_maxima_against_the_ceiling_and_the_issue_goals(tmp_path):
     ceiling = {"median": 900_000, "range": [850_000, 950_000], "samples": 7}
     rows = {
@@ -684,7 +787,7 @@ def test_pyspark_streamings_latency_follows_the_rate_schedule_like_dstreams_sour
 
 def test_the_report_gives_measured_latency_only():
     from bench.report import latency_cell
-    from bench.throughput.searches import measured_latency
+    from bench.throughput.trial import measured_latency
 
     batches = [
         {"latency_p50_ms": 600.0, "latency_p99_ms": 1000.0},

@@ -18,7 +18,7 @@ percent: Spark's Python workers ran the tuned programs a few percent faster than
 does (on 2026-11-24 the tuned TopK's measured maximum was 4% above its ceiling), so a goal is
 out of reach only when it is well above the ceiling.
 
-Beside each ceiling it prints the day's measured maxima and issue 17's goals (dstream 2x
+Beside each ceiling it prints the day's measured maxima and the rate goals (dstream 2x
 pyspark.streaming's rate on WordCount and TopK, 1.5x on Grep), so whether a goal is reachable
 on the same program and workers is a measurement, not an opinion. The ceiling has varied by a
 quarter between hours on the same machine, so `make bench` also measures it between the rounds
@@ -46,7 +46,7 @@ GOALS = {
     "grep-jvm": 1.5,
     "wordcount": 2.0,
     "topk": 2.0,
-}  # issue 17: dstream over pyspark.streaming
+}  # dstream's rate over pyspark.streaming's
 
 
 class OnePartition:

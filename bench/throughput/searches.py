@@ -24,9 +24,16 @@ from typing import Any
 from bench.common import ENGINES, LOGS, kill_group, start_process
 from bench.machine import LoadMonitor, busy_reason, others_now, summarize_load
 from bench.throughput.ceiling import ceiling_rate
+from bench.throughput.same_rate import plan_comparisons, row_name, trial_figures
 from bench.throughput.search import RateSearch
 from bench.throughput.systems import SYSTEM_CLASSES
-from bench.throughput.trial import BUSY, LATENCY_TARGET_INTERVALS, Verdict, percentile, share_within
+from bench.throughput.trial import (
+    BUSY,
+    LATENCY_TARGET_INTERVALS,
+    Verdict,
+    measured_latency,
+    percentile,
+)
 
 START_RATES = {"grep": 200_000, "grep-jvm": 200_000, "wordcount": 50_000, "topk": 50_000}
 CORES = 2  # the workers' local[2]
@@ -163,7 +170,7 @@ def progress(text: str) -> None:
 
 def trial_line(system: str, variant: str, event: dict[str, Any]) -> str:
     v = event["verdict"]
-    kind = "confirm" if event["confirmation"] else "search"
+    kind = "at rate" if event.get("same_rate") else "confirm" if event["confirmation"] else "search"
     load = event.get("load", {})
     p99 = v.get("latency_p99_ms")
     return (
@@ -212,16 +219,7 @@ def search_workload(
             if planned[pair] is None:
                 continue
             rate, confirmation = planned[pair]
-            command = {
-                "workload": workload,
-                "variant": pair[1],
-                "rate": rate,
-                "confirmation": confirmation,
-                "warmup": plan.confirm_warmup if confirmation else plan.warmup,
-                "measured": plan.confirm_measured if confirmation else plan.measured,
-                "samples": plan.samples,
-                "batch_ms": plan.batch_ms,
-            }
+            command = trial_command(workload, pair[1], rate, confirmation, plan)
             event = gated_trial(workers[pair[0]], command, gate)
             progress(trial_line(*pair, event))
             events[pair].append(event)
@@ -233,6 +231,44 @@ def search_workload(
         )
         for pair in pairs
     }
+
+
+def trial_command(
+    workload: str, variant: str, rate: int, confirmation: bool, plan: Plan
+) -> dict[str, Any]:
+    """A worker's command for one trial: a confirmation is longer, with the window full."""
+    return {
+        "workload": workload,
+        "variant": variant,
+        "rate": rate,
+        "confirmation": confirmation,
+        "warmup": plan.confirm_warmup if confirmation else plan.warmup,
+        "measured": plan.confirm_measured if confirmation else plan.measured,
+        "samples": plan.samples,
+        "batch_ms": plan.batch_ms,
+    }
+
+
+def compare_at_dstream_rates(
+    workers: dict[str, Worker],
+    rows: dict[str, Any],
+    pairs: list[tuple[str, str]],
+    suffix: str,
+    workload: str,
+    plan: Plan,
+    gate: Gate,
+) -> None:
+    """At each confirmed dstream rate among `rows`, dstream's trial and then each peer's that
+    its search did not settle (`same_rate`), confirmation-length; the figures go into the
+    dstream row's `at_this_rate`, by row name."""
+    for comparison in plan_comparisons(rows, pairs, suffix):
+        at_rate = dict(comparison.settled)
+        for pair in [comparison.ours, *comparison.peers] if comparison.peers else []:
+            command = trial_command(workload, pair[1], comparison.rate, True, plan)
+            event = gated_trial(workers[pair[0]], command | {"same_rate": True}, gate)
+            progress(trial_line(*pair, event))
+            at_rate[row_name(pair, suffix)] = trial_figures(event)
+        rows[row_name(comparison.ours, suffix)]["at_this_rate"] = at_rate
 
 
 def summarize_ceiling(samples: list[float]) -> dict[str, Any]:
@@ -282,25 +318,6 @@ def summarize_search(
     return row
 
 
-def measured_latency(batches: list[dict[str, Any]], target_ms: int) -> dict[str, Any]:
-    """The trial's end-to-end latency from each batch's measured distribution over its records:
-    the median of the batches' medians, the worst batch's p99 (an upper bound of the p99 over
-    all the trial's records: every batch has at least 99% of its records within it), and the
-    share of all its records within the target (at least 99%: the p99 over them made it). {}
-    for batches that carry none."""
-    p50s = [b["latency_p50_ms"] for b in batches if b.get("latency_p50_ms") is not None]
-    p99s = [b["latency_p99_ms"] for b in batches if b.get("latency_p99_ms") is not None]
-    if not p50s:
-        return {}
-    within = share_within([b.get("latency_buckets") for b in batches], target_ms)
-    return {
-        "latency_p50_ms": round(percentile(p50s, 0.5)),
-        "latency_p99_ms": round(max(p99s)),
-        "latency_measured": True,  # rows of earlier runs hold a modelled latency
-        **({} if within is None else {"latency_target_ms": target_ms, "within_target": within}),
-    }
-
-
 def run_table(
     daemon: str,
     systems: list[str],
@@ -312,12 +329,15 @@ def run_table(
     measured: Callable[[str], None],
     kafka: str | None = None,
     master: str = "local[2]",
+    search: bool = True,
 ) -> None:
     """Every (system, variant) on `daemon` into `table` ({workload: {"system/variant": row}}),
     calling `measured` with each workload when its rows are in. With `kafka` (a broker's
     bootstrap), every trial reads a topic fed on it (rows named "(kafka)"); a system without
     a Kafka source gets a row saying so, and Structured Streaming runs its expert formulation.
-    Every system's JVM runs `master`; rows of another than local[2] are named after it."""
+    Every system's JVM runs `master`; rows of another than local[2] are named after it. After
+    a workload's searches (with `search` false, instead of them, on the rows `table` holds)
+    every peer's latency is measured at dstream's confirmed rates (`compare_at_dstream_rates`)."""
     readers = [s for s in systems if kafka is None or SYSTEM_CLASSES[s].reads_kafka]
     progress(f"== worker daemon {daemon}: starting {', '.join(readers)}")
     workers = {system: Worker(system, daemon, master, kafka) for system in readers}
@@ -330,15 +350,18 @@ def run_table(
     source = " (kafka)" if kafka else ""
     try:
         for workload in workloads:
-            progress(f"== {workload} on {daemon}: {len(pairs)} searches, interleaved")
-            rows = search_workload(workers, pairs, workload, plan, gate)
             suffix = source + ("" if plan.batch_ms == 1000 else f" ({plan.batch_ms} ms batches)")
             suffix += "" if master == "local[2]" else f" ({master})"
-            table.setdefault(workload, {}).update(
-                {f"{s}/{v}{suffix}": row for (s, v), row in rows.items()}
-            )
-            for system in sorted(set(systems) - set(readers)):
-                table[workload][f"{system}{suffix}"] = NO_KAFKA_SOURCE
+            rows = table.setdefault(workload, {})
+            if search:
+                progress(f"== {workload} on {daemon}: {len(pairs)} searches, interleaved")
+                found = search_workload(workers, pairs, workload, plan, gate)
+                rows.update({row_name(pair, suffix): row for pair, row in found.items()})
+                for system in sorted(set(systems) - set(readers)):
+                    rows[f"{system}{suffix}"] = NO_KAFKA_SOURCE
+            if plan.confirm:
+                progress(f"== {workload} on {daemon}: every peer at dstream's rates")
+                compare_at_dstream_rates(workers, rows, pairs, suffix, workload, plan, gate)
             measured(workload)
     finally:
         for worker in workers.values():

@@ -8,7 +8,8 @@ Spark jobs, stages and tasks it ran (by their `streaming.sql.batchId` property) 
 executor CPU time, and per stateful operator the state rows updated and removed, the time the
 state store spent updating, removing and committing, and how many files it copied from the
 checkpoint (a RocksDB instance reloading its state). Then the medians over the triggers after
-the window filled. `--conf KEY=VALUE` sets a Spark SQL setting for A/B runs.
+the window filled. `--batch-interval MS` sets the trigger interval (1000 by default), `--conf
+KEY=VALUE` a Spark SQL setting for A/B runs.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def run(
     log_dir: str,
     conf: dict[str, str],
     workload: str = "wordcount",
+    batch_ms: int = 1000,
 ) -> list[dict[str, Any]]:
     """The query progress of `batches` triggers of the formulation."""
     spark = spark_conf("local[2]", PARTITIONS, "dstream.worker.pydaemon")
@@ -90,7 +92,7 @@ def run(
         system = StructuredSystem(sc, PARTITIONS, feed)
         for key, value in conf.items():
             system.spark.conf.set(key, value)
-        system.run(workload, variant, rate, 0, batches, timeout_s=10 * batches + 120)
+        system.run(workload, variant, rate, 0, batches, 10 * batches + 120, batch_ms)
         return sorted(system._progress, key=lambda p: p["batchId"])
     finally:
         sc.stop()
@@ -98,7 +100,7 @@ def run(
             broker.stop()
 
 
-def print_table(progress: list[dict[str, Any]], log_dir: str) -> None:
+def print_table(progress: list[dict[str, Any]], log_dir: str, batch_ms: int = 1000) -> None:
     grouped = jobs_by_batch(read_events(log_dir), batch_id)
     rows = [trigger_row(p, grouped.get(p["batchId"], [])) for p in progress]
     operators = [[operator_row(o) for o in p.get("stateOperators", [])] for p in progress]
@@ -109,7 +111,8 @@ def print_table(progress: list[dict[str, Any]], log_dir: str) -> None:
         states = "  ".join(",".join(str(o[c]) for c in OPERATOR_COLUMNS) for o in ops_of)
         values = " ".join(f"{row[c]:>9}" for c in COLUMNS)
         print(f"{p['batchId']:>5} {p['numInputRows']:>5} {values}  {states}")
-    skip = min(WINDOW_BATCHES, len(rows) // 2)  # after the window filled, if it did
+    window = WINDOW_BATCHES * 1000 // batch_ms
+    skip = min(window, len(rows) // 2)  # after the window filled, if it did
     steady, steady_ops = rows[skip:], operators[skip:]
     medians = {c: statistics.median(r[c] for r in steady) for c in COLUMNS}
     print(f"median of the last {len(steady)}:")
@@ -129,13 +132,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", default="wordcount")
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--batches", type=int, default=45)
+    parser.add_argument("--batch-interval", type=int, default=1000, metavar="MS")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     conf = dict(item.split("=", 1) for item in args.conf)
     log_dir = tempfile.mkdtemp(prefix="bench-eventlog-")
-    progress = run(args.variant, args.source, args.rate, args.batches, log_dir, conf, args.workload)
+    progress = run(
+        args.variant,
+        args.source,
+        args.rate,
+        args.batches,
+        log_dir,
+        conf,
+        args.workload,
+        args.batch_interval,
+    )
     if not progress:
         print("no trigger completed", file=sys.stderr)
         return 1
-    print_table(progress, log_dir)
+    print_table(progress, log_dir, args.batch_interval)
     return 0

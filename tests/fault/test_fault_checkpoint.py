@@ -26,8 +26,10 @@ from dstream.runtime.checkpoint import (
 from dstream.runtime.clock import ManualClock
 from dstream.runtime.failure import FailurePolicy
 from dstream.runtime.graph import READ_BY
+from dstream.runtime.recovery import verified_state
 from dstream.runtime.timeutil import time_to_ms
 from fault.harness import InProcessJob, RateJob, fault_rng, truncate_at_random_byte, verify
+from pyspark import RDD
 
 
 @pytest.fixture
@@ -147,10 +149,17 @@ def test_a_state_checkpoint_is_verified_in_the_driver_against_its_checksums(
 
 
 def test_a_state_checkpoint_without_checksums_is_left_to_sparks_read(sc, tmp_path):
+    """Where no .crc lies beside the parts (HDFS, object stores), Spark's read through the
+    checkpoint verifies it, and the RDD that read is the one a restore gets."""
     path = spark_checkpoint(sc, tmp_path, list(range(100)), 2)
     for crc in Path(path.removeprefix("file:")).glob(".part-*.crc"):
         crc.unlink()
     assert verify_state_checkpoint(path) is False
+    assert sorted(RDD(verified_state(sc, path), sc, sc.serializer).collect()) == list(range(100))
+
+    (Path(path.removeprefix("file:")) / "part-00000").unlink()
+    with pytest.raises(Exception, match="Invalid checkpoint file"):
+        verified_state(sc, path)
 
 
 def test_torn_state_checkpoints_fall_back_to_the_previous_ones(job):

@@ -33,6 +33,8 @@ from dstream.runtime.fencing import DeposedError, Fence
 from dstream.runtime.timeutil import datetime_of
 
 if TYPE_CHECKING:
+    from py4j.java_gateway import JavaObject
+
     from dstream.dstream import DStream
     from dstream.runtime.graph import DStreamGraph
     from dstream.runtime.shadow import Shadow
@@ -67,11 +69,15 @@ def recovery_counts(recovery: Recovery | None) -> dict[str, int]:
     }
 
 
-def verify_state(sc: SparkContext, path: str) -> None:
-    """Verify a state checkpoint: in the driver against its checksums, or, where it has none
-    beside it, by Spark reading it through once; raises when it is torn."""
-    if not verify_state_checkpoint(path):
-        sc._jsc.checkpointFile(path).count()
+def verified_state(sc: SparkContext, path: str) -> JavaObject:
+    """A state checkpoint's Java RDD, verified: in the driver against its checksums, or, where
+    it has none beside it (HDFS, object stores), by Spark reading that RDD through once, so
+    that the read which verified it is the one restored; raises when it is torn."""
+    checked = verify_state_checkpoint(path)
+    jrdd = sc._jsc.checkpointFile(path)
+    if not checked:
+        jrdd.count()
+    return jrdd
 
 
 class CheckpointRecovery:
@@ -207,9 +213,8 @@ class CheckpointRecovery:
         try:
             if durable.is_durable(path):
                 return self._graph.read_durably(sc, path)
-            if path not in self._verified:
-                verify_state(sc, path)
-            jrdd = sc._jsc.checkpointFile(path)
+            verified = path in self._verified
+            jrdd = sc._jsc.checkpointFile(path) if verified else verified_state(sc, path)
         except Exception as error:
             log.warning(
                 "checkpoint %s unreadable (%s): not used (an older one, or the source, serves)",
@@ -339,7 +344,7 @@ class CheckpointFollower:
             if self._stop.is_set() or path in self._verified or durable.is_durable(path):
                 continue
             try:
-                verify_state(sc, path)
+                verified_state(sc, path)
             except Exception as error:  # pruned or being written: the next round or recovery
                 log.debug("standby: state checkpoint %s not read yet (%s)", path, error)
                 continue
