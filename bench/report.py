@@ -107,7 +107,9 @@ def same_rate_table(table: dict[str, Any]) -> list[str]:
                     if entry["source"] == "trial"
                     else f"its search's trial at {entry['rate']:,}/s"
                 )
-                result = entry["verdict"] + ("" if entry["verdict"] == "ok" else f": {entry['reason']}")
+                result = entry["verdict"] + (
+                    "" if entry["verdict"] == "ok" else f": {entry['reason']}"
+                )
                 verdict = "" if peer == name else no_worse(ours, entry)
                 lines.append(
                     f"| {workload} | {name} | {row['rate']:,} | {peer} | {how} | {result} | "

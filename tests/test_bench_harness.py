@@ -653,7 +653,9 @@ class _LatencyWorker(_FakeWorker):
 
 def _searched(rate: int | None, *failed: int) -> dict:
     """A row whose search confirmed `rate` after failing at the rates `failed`."""
-    trials = [{"rate": r, "verdict": SLOW, "reason": "late", "latency_p99_ms": 2_600.0} for r in failed]
+    trials = [
+        {"rate": r, "verdict": SLOW, "reason": "late", "latency_p99_ms": 2_600.0} for r in failed
+    ]
     trials.append({"rate": 50_000, "verdict": BUSY, "reason": "others used the CPU"})
     return {"status": "confirmed" if rate else "no passing rate", "rate": rate, "trials": trials}
 
@@ -714,7 +716,8 @@ def test_the_report_sets_each_peers_p99_at_dstreams_rate_against_dstreams(tmp_pa
             "rate": 300_000,
             "at_this_rate": {
                 "dstream/tuned": trial | {"latency_p50_ms": 900, "latency_p99_ms": 1_500},
-                "pyspark.streaming/tuned": trial | {"latency_p50_ms": 1_000, "latency_p99_ms": 1_700},
+                "pyspark.streaming/tuned": trial
+                | {"latency_p50_ms": 1_000, "latency_p99_ms": 1_700},
                 "structured/plain": trial | {"latency_p50_ms": 600, "latency_p99_ms": 1_200},
                 "pyspark.streaming/tutorial": {
                     "source": "search",
@@ -728,8 +731,15 @@ def test_the_report_sets_each_peers_p99_at_dstreams_rate_against_dstreams(tmp_pa
         }
     }
     text = one_table_report(tmp_path, "grep", rows)
-    lines = {line.split(" | ")[3]: line for line in text.splitlines() if "| grep | dstream/tuned | 300,000 |" in line}
-    assert "a trial at this rate | ok | 1,000 ms / 1,700 ms | yes |" in lines["pyspark.streaming/tuned"]
+    lines = {
+        line.split(" | ")[3]: line
+        for line in text.splitlines()
+        if "| grep | dstream/tuned | 300,000 |" in line
+    }
+    assert (
+        "a trial at this rate | ok | 1,000 ms / 1,700 ms | yes |"
+        in lines["pyspark.streaming/tuned"]
+    )
     assert "| no: 300 ms higher |" in lines["structured/plain"]
     assert (
         "its search's trial at 200,000/s | too slow: late | worst batch p99 2,600 ms; 97.0% "
