@@ -682,7 +682,7 @@ def test_every_peer_is_measured_at_dstreams_rate_unless_its_search_failed_there(
     pairs = [tuple(name.split("/")) for name in rows]
     plan = PLANS["full"]
     gate = Gate(0.25, 10, 0, allow_load=True)
-    compare_at_dstream_rates(workers, rows, pairs, "", "grep", plan, gate)
+    compare_at_dstream_rates(workers, rows, pairs, "", "grep", plan, gate, frozenset(pairs))
 
     ran = [(c["variant"], c["rate"]) for c in workers["pyspark.streaming"].commands]
     assert ran == [("tutorial", 1_800_000), ("tutorial", 1_000_000), ("tuned", 1_000_000)]
@@ -691,7 +691,7 @@ def test_every_peer_is_measured_at_dstreams_rate_unless_its_search_failed_there(
         ("tuned", 1_000_000),
     ]
     everything = [c for w in workers.values() for c in w.commands]
-    assert all(c["measured"] == plan.confirm_measured and c["same_rate"] for c in everything)
+    assert all(c["measured"] == plan.confirm_measured and c["label"] for c in everything)
     at_rate = rows["dstream/tutorial"]["at_this_rate"]
     assert at_rate["pyspark.streaming/tuned"] | {"run": None} == {
         "source": "search",
@@ -706,6 +706,34 @@ def test_every_peer_is_measured_at_dstreams_rate_unless_its_search_failed_there(
     assert at_rate["pyspark.streaming/tutorial"]["latency_p99_ms"] == 1_700
     assert at_rate["dstream/tutorial"]["latency_p99_ms"] == 1_500
     assert [c["rate"] for c in workers["structured"].commands] == [1_800_000, 1_000_000]
+
+
+def test_a_cold_worker_warms_up_at_half_the_rate_before_its_trial_at_dstreams_rate():
+    """Without searches before (--same-rate-only), each pair's first trial of the workload is a
+    search-length one at half the rate, not counted; later comparisons need none."""
+    from bench.throughput.searches import PLANS, Gate, compare_at_dstream_rates
+
+    workers = {"dstream": _LatencyWorker(10**9, 1_500.0)}
+    workers["pyspark.streaming"] = _LatencyWorker(10**9, 1_700.0)
+    rows = {
+        "dstream/tutorial": _searched(1_800_000),
+        "dstream/tuned": _searched(1_000_000),
+        "pyspark.streaming/tutorial": _searched(1_900_000),
+    }
+    pairs = [tuple(name.split("/")) for name in rows]
+    plan = PLANS["full"]
+    compare_at_dstream_rates(workers, rows, pairs, "", "grep", plan, Gate(0.25, 10, 0, True))
+
+    peer = [(c["label"], c["rate"], c["measured"]) for c in workers["pyspark.streaming"].commands]
+    assert peer == [
+        ("warm-up", 900_000, plan.measured),
+        ("at rate", 1_800_000, plan.confirm_measured),
+        ("at rate", 1_000_000, plan.confirm_measured),
+    ]
+    ours = [(c["label"], c["variant"], c["rate"]) for c in workers["dstream"].commands]
+    assert ours[:2] == [("warm-up", "tutorial", 900_000), ("at rate", "tutorial", 1_800_000)]
+    assert ours[2:] == [("warm-up", "tuned", 500_000), ("at rate", "tuned", 1_000_000)]
+    assert "warm-up" not in json.dumps(rows["dstream/tutorial"]["at_this_rate"])
 
 
 def test_the_report_sets_each_peers_p99_at_dstreams_rate_against_dstreams(tmp_path):

@@ -170,7 +170,7 @@ def progress(text: str) -> None:
 
 def trial_line(system: str, variant: str, event: dict[str, Any]) -> str:
     v = event["verdict"]
-    kind = "at rate" if event.get("same_rate") else "confirm" if event["confirmation"] else "search"
+    kind = event.get("label") or ("confirm" if event["confirmation"] else "search")
     load = event.get("load", {})
     p99 = v.get("latency_p99_ms")
     return (
@@ -257,15 +257,23 @@ def compare_at_dstream_rates(
     workload: str,
     plan: Plan,
     gate: Gate,
+    warm: frozenset[tuple[str, str]] = frozenset(),
 ) -> None:
     """At each confirmed dstream rate among `rows`, dstream's trial and then each peer's that
     its search did not settle (`same_rate`), confirmation-length; the figures go into the
-    dstream row's `at_this_rate`, by row name."""
+    dstream row's `at_this_rate`, by row name. A pair not in `warm` (after the searches every
+    pair is) first runs one search-length trial at half the rate, not counted: from a cold JVM
+    a trial at a system's maximum spends itself draining the start-up queue of the JIT."""
+    warmed = set(warm)
     for comparison in plan_comparisons(rows, pairs, suffix):
         at_rate = dict(comparison.settled)
         for pair in [comparison.ours, *comparison.peers] if comparison.peers else []:
+            if pair not in warmed:
+                command = trial_command(workload, pair[1], comparison.rate // 2, False, plan)
+                progress(trial_line(*pair, workers[pair[0]].trial(command | {"label": "warm-up"})))
+                warmed.add(pair)
             command = trial_command(workload, pair[1], comparison.rate, True, plan)
-            event = gated_trial(workers[pair[0]], command | {"same_rate": True}, gate)
+            event = gated_trial(workers[pair[0]], command | {"label": "at rate"}, gate)
             progress(trial_line(*pair, event))
             at_rate[row_name(pair, suffix)] = trial_figures(event)
         rows[row_name(comparison.ours, suffix)]["at_this_rate"] = at_rate
@@ -361,7 +369,8 @@ def run_table(
                     rows[f"{system}{suffix}"] = NO_KAFKA_SOURCE
             if plan.confirm:
                 progress(f"== {workload} on {daemon}: every peer at dstream's rates")
-                compare_at_dstream_rates(workers, rows, pairs, suffix, workload, plan, gate)
+                warm = frozenset(pairs if search else ())
+                compare_at_dstream_rates(workers, rows, pairs, suffix, workload, plan, gate, warm)
             measured(workload)
     finally:
         for worker in workers.values():
