@@ -3,7 +3,8 @@
 A highest rate within the latency target says little of two systems' latencies where both
 sustain a rate: on a stateless program both may pass at dstream's rate, one with the lower
 p99. So after a workload's searches, at each dstream row's confirmed rate, every peer row of
-the same batch interval (and source and master) is settled one of two ways:
+the same program (`same_program`) and the same batch interval (and source and master) is
+settled one of two ways:
 
 - its own search already failed the target at or below that rate, and its confirmed rate is
   below it: that failed trial is its answer, named with its reason;
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.throughput.programs import VARIANTS
 from bench.throughput.trial import BUSY, LATENCY_TARGET_INTERVALS, OK, measured_latency
 
 OURS = "dstream"
@@ -37,6 +39,12 @@ class Comparison:
 
 def row_name(pair: tuple[str, str], suffix: str) -> str:
     return f"{pair[0]}/{pair[1]}{suffix}"
+
+
+def same_program(ours: tuple[str, str], peer: tuple[str, str]) -> bool:
+    """pyspark.streaming runs dstream's program text, so it compares in the same variant; a
+    system with formulations of its own (Structured Streaming) compares in each of them."""
+    return peer[1] == ours[1] or peer[1] not in VARIANTS
 
 
 def failed_at_or_below(row: dict[str, Any], rate: int) -> dict[str, Any] | None:
@@ -63,7 +71,7 @@ def plan_comparisons(
         comparison = Comparison(ours, row["rate"])
         for peer in pairs:
             peer_row = rows.get(row_name(peer, suffix))
-            if peer[0] == OURS or peer_row is None:
+            if peer[0] == OURS or peer_row is None or not same_program(ours, peer):
                 continue
             failed = failed_at_or_below(peer_row, comparison.rate)
             if failed is None:
