@@ -131,12 +131,14 @@ def at_rate_latency(entry: dict[str, Any]) -> str:
 def no_worse(ours: dict[str, Any], peer: dict[str, Any]) -> str:
     """Whether dstream's p99 at the rate is at most the peer's: a peer that failed the target
     there is worse by the target's own measure."""
-    if peer["verdict"] != "ok":
+    ours_failed, peer_failed = ours.get("verdict", "ok") != "ok", peer["verdict"] != "ok"
+    if peer_failed and not ours_failed:
         return "yes: the peer failed the target"
-    if ours.get("verdict", "ok") != "ok":
-        return "no: dstream failed the target at this rate"
     difference = ours["latency_p99_ms"] - peer["latency_p99_ms"]
-    return "yes" if difference <= 0 else f"no: {difference:,.0f} ms higher"
+    lower = "lower" if difference <= 0 else f"{difference:,.0f} ms higher"
+    if ours_failed:
+        return f"{'both' if peer_failed else 'no: dstream'} failed the target here; its p99 {lower}"
+    return "yes" if difference <= 0 else f"no: {lower}"
 
 
 def goals_table(table: dict[str, Any]) -> list[str]:

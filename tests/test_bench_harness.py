@@ -782,6 +782,19 @@ def test_the_report_sets_each_peers_p99_at_dstreams_rate_against_dstreams(tmp_pa
     assert "| 900 ms / 1,500 ms |  |" in lines["dstream/tuned"]
 
 
+def test_where_both_fail_at_dstreams_rate_the_report_says_so_and_sets_their_p99s_apart():
+    from bench.report import no_worse
+
+    failed = {"verdict": SLOW, "latency_p99_ms": 1_148}
+    assert no_worse(failed, failed | {"latency_p99_ms": 1_280}) == (
+        "both failed the target here; its p99 lower"
+    )
+    assert no_worse(failed, {"verdict": OK, "latency_p99_ms": 1_000}) == (
+        "no: dstream failed the target here; its p99 148 ms higher"
+    )
+    assert no_worse({"latency_p99_ms": 900}, failed) == "yes: the peer failed the target"
+
+
 def test_report_sets_maxima_against_the_ceiling_and_the_issue_goals(tmp_path):
     ceiling = {"median": 900_000, "range": [850_000, 950_000], "samples": 7}
     rows = {
