@@ -33,6 +33,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from dstream.runtime.latency import LATENCY_BUCKETS_S
+
 from bench.common import DAEMONS, RESULTS
 from bench.machine import describe_machine, git_commit
 from bench.recovery.faults import run_recovery
@@ -41,6 +43,7 @@ from bench.throughput.kafka_input import WORKLOADS as KAFKA_WORKLOADS
 from bench.throughput.kafka_input import start_broker
 from bench.throughput.searches import PLANS, Gate, progress, run_table, summary_lines
 from bench.throughput.systems import SYSTEMS, WORKLOADS
+from bench.throughput.trial import LATENCY_TARGET_INTERVALS
 
 
 def tag_rows(tables: dict[str, dict[str, Any]], run: int) -> None:
@@ -116,6 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     recovers = not (args.quick or args.allow_load or args.no_recovery or args.same_rate_only)
     if plan.batch_ms != 1000 and recovers:
         parser.error(f"--batch-interval {plan.batch_ms}: trials only; add --no-recovery")
+    target_s = LATENCY_TARGET_INTERVALS * plan.batch_ms / 1000
+    if target_s not in LATENCY_BUCKETS_S:
+        parser.error(
+            f"--batch-interval {plan.batch_ms}: its latency target ({LATENCY_TARGET_INTERVALS} "
+            f"intervals, {target_s:g} s) must be a bucket bound of the latency histogram "
+            f"({', '.join(f'{b:g}' for b in LATENCY_BUCKETS_S)} s), which counts the records "
+            "within it"
+        )
     if args.master != "local[2]" and recovers:
         parser.error(f"--master {args.master}: trials only; add --no-recovery")
     if args.source == "kafka" and recovers:

@@ -935,6 +935,14 @@ def test_half_second_batches_are_judged_and_searched_against_their_interval():
     assert feed.batch_slices(300, 2, 3, 500) == [(0, 150, 225), (1, 150, 225)]
 
 
+def test_a_batch_interval_whose_latency_target_the_histogram_cannot_count_is_refused(capsys):
+    from bench.run import main
+
+    with pytest.raises(SystemExit):
+        main(["--batch-interval", "3000", "--no-recovery", "--quick"])
+    assert "--batch-interval 3000: its latency target (2 intervals, 6 s)" in capsys.readouterr().err
+
+
 def test_half_second_trials_last_as_long_and_a_confirmation_fills_the_window():
     """A 500 ms plan runs twice the batches of the 1 s plan: the same seconds of warm-up and
     measure, and a confirmation whose 30 s window is full for most of its measured batches."""
