@@ -134,7 +134,10 @@ def no_worse(ours: dict[str, Any], peer: dict[str, Any]) -> str:
     ours_failed, peer_failed = ours.get("verdict", "ok") != "ok", peer["verdict"] != "ok"
     if peer_failed and not ours_failed:
         return "yes: the peer failed the target"
-    difference = ours["latency_p99_ms"] - peer["latency_p99_ms"]
+    p99s = ours.get("latency_p99_ms"), peer.get("latency_p99_ms")
+    if None in p99s:  # a search trial of a run that kept no latency per trial
+        return "both failed the target" if ours_failed else "no p99 to compare"
+    difference = p99s[0] - p99s[1]
     lower = "lower" if difference <= 0 else f"{difference:,.0f} ms higher"
     if ours_failed:
         return f"{'both' if peer_failed else 'no: dstream'} failed the target here; its p99 {lower}"
@@ -254,8 +257,19 @@ def write_report(
     plan: Any,
     pending: list[str],
 ) -> Path:
-    """The report of what the run has measured so far; `pending` names what it has not (yet)."""
+    """The report of what the run has measured so far; `pending` names what it has not (yet).
+    The figures (.json) are written first: a fault in rendering the text loses no measurement."""
     directory.mkdir(parents=True, exist_ok=True)
+    raw = {
+        "machine": machine,
+        "runs": runs,
+        "gate": asdict(gate),
+        "plan": asdict(plan),
+        "tables": tables,
+        "recovery": recovery,
+        "pending": pending,
+    }
+    (directory / f"{stamp}.json").write_text(json.dumps(raw, indent=1, default=str))
     text = [
         f"# Benchmark results, {stamp}",
         "",
@@ -324,16 +338,6 @@ def write_report(
     ]
     path = directory / f"{stamp}.md"
     path.write_text("\n".join(text) + kept_notes(path))
-    raw = {
-        "machine": machine,
-        "runs": runs,
-        "gate": asdict(gate),
-        "plan": asdict(plan),
-        "tables": tables,
-        "recovery": recovery,
-        "pending": pending,
-    }
-    (directory / f"{stamp}.json").write_text(json.dumps(raw, indent=1, default=str))
     return path
 
 

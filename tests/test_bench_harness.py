@@ -793,6 +793,8 @@ def test_where_both_fail_at_dstreams_rate_the_report_says_so_and_sets_their_p99s
         "no: dstream failed the target here; its p99 148 ms higher"
     )
     assert no_worse({"latency_p99_ms": 900}, failed) == "yes: the peer failed the target"
+    kept_none = {"verdict": SLOW, "latency_p99_ms": None}  # a search trial of an older run
+    assert no_worse(failed, kept_none) == "both failed the target"
 
 
 def test_report_sets_maxima_against_the_ceiling_and_the_issue_goals(tmp_path):
