@@ -293,7 +293,7 @@ def write_report(
         f"used more than {gate.limit_cores} cores over {gate.block_s:.0f} s "
         f"(at most {gate.retries} redos, then 'machine busy')",
         "- every system: `local[2]`, 2 input partitions, 2 shuffle partitions, 1 s batches "
-        "(rows marked `(500 ms batches)`: 500 ms), the same 100-byte lines "
+        "(rows marked `(N ms batches)`: N ms), the same 100-byte lines "
         "(`dstream.worker.textgen`'s pool, `bench/throughput/feed.py`); "
         "dstream and pyspark.streaming run the same program text "
         "(`bench/throughput/programs.py`)",
