@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from typing import Any
 
 import httpx
 import yaml
+from servers import free_port
 
 # The test apps' modules (faultapp), importable by every driver and its Python workers.
 TEST_APPS_DIR = Path(__file__).resolve().parent / "fault"
@@ -44,12 +44,6 @@ SPARK_TEST_CONF = {
     "spark.driver.bindAddress": "127.0.0.1",
 }
 STOP_TIMEOUT_S = 90
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def manifest(name: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,8 @@ directory and survives `restart()`, which is how the tests restart a broker mid-
 
 from __future__ import annotations
 
+import os
+import random
 import socket
 import subprocess
 import time
@@ -15,11 +17,33 @@ from pathlib import Path
 
 from debian_packages import require_binary
 
+FIRST_PORT = 10000  # the tests' servers listen between this and the kernel's ephemeral range
+
+
+def ephemeral_ports_start() -> int:
+    return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A free loopback port below the kernel's ephemeral range, from this pytest-xdist worker's
+    own share of it. A server stopped to be restarted gets its port back: the kernel never
+    gives a port from here to an outgoing connection or to another test's bind to port 0, and
+    two workers never pick the same one."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    share = (ephemeral_ports_start() - FIRST_PORT) // workers
+    first = FIRST_PORT + worker * share
+    for port in random.sample(range(first, first + share), min(100, max(share, 0))):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(
+        f"no free loopback port in {first}-{first + share - 1} (the kernel's ephemeral range,"
+        f" /proc/sys/net/ipv4/ip_local_port_range, starts at {ephemeral_ports_start()})"
+    )
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -56,9 +80,17 @@ class Server:
     def start(self, timeout_s: float = 20) -> None:
         log = open(self.directory / "server.log", "ab")  # noqa: SIM115 (the process keeps it)
         self.process = subprocess.Popen(self.command(), stdout=log, stderr=log)
-        wait_for(
-            self.ready, timeout_s, f"{self.command()[0]} did not accept connections on {self.port}"
-        )
+        try:
+            wait_for(self.ready, timeout_s, f"{self.command()[0]} did not serve on {self.port}")
+        except TimeoutError as late:
+            raise TimeoutError(
+                f"{late}; exit code {self.process.poll()}, {self.log_tail()}"
+            ) from None
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of the server's log, for an error that says why it did not come up."""
+        tail = (self.directory / "server.log").read_text(errors="replace").splitlines()[-lines:]
+        return "its log ends:\n" + "\n".join(tail) if tail else "its log is empty"
 
     def stop(self) -> None:
         """Graceful stop (SIGTERM), as a broker restart by an operator does."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from running_driver import free_port
+from servers import free_port
 
 ROOT = Path(__file__).parent.parent
 

@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 import pytest
 from debian_packages import require_binary
-from running_driver import free_port, running_driver, stop_process_group
+from running_driver import running_driver, stop_process_group
+from servers import free_port
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "helm/dstream/dashboards/dstream.json"
 JOB = "dashjob"

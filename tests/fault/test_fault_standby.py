@@ -46,7 +46,8 @@ from fault.harness import (
     wait_until,
 )
 from fault.test_fault_checkpoint import assert_exact
-from running_driver import Driver, free_port
+from running_driver import Driver
+from servers import free_port
 
 LEASE_S = 5
 ROUNDS = int(os.environ.get("STANDBY_ROUNDS", "1"))

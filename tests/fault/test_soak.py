@@ -204,6 +204,11 @@ class Producer:
             raise AssertionError("the producer failed") from self._error
         return self.written
 
+    def abandon(self) -> None:
+        """Stop writing without waiting for the write under way: the soak has failed already,
+        and its own error is the one to see."""
+        self._stop.set()
+
     def _run(self) -> None:
         size = round(LINES_PER_S * self._every_s)
         try:
@@ -229,9 +234,12 @@ class Feed:
         self.open(self._resources)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, error: BaseException | None, trace: object) -> None:
         try:
-            self.producer.stop()
+            if error is None:
+                self.producer.stop()
+            else:
+                self.producer.abandon()
         finally:
             self._resources.close()
 
@@ -412,6 +420,7 @@ class KafkaFeed(Feed):
         self.client = KafkaProducer(
             {"bootstrap.servers": self.broker.bootstrap, "enable.idempotence": True}
         )
+        resources.callback(self.client.purge)  # an abandoned write's flush returns at once
 
     def source(self) -> dict[str, Any]:
         return {

@@ -20,7 +20,8 @@ from dstream.runtime.kube_lease import KubeLease
 from fault.harness import RateJob, verify, wait_until
 from fault.test_fault_standby import Takeovers, commits_by_epoch, settle, warm
 from kubernetes import client
-from running_driver import Driver, free_port
+from running_driver import Driver
+from servers import free_port
 
 from tests.k8s.conftest import LocalCluster
 

@@ -37,7 +37,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -56,6 +55,7 @@ from dstream_operator.handlers import POD_SELECTOR
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
+from servers import free_port
 
 from tests.k8s.conftest import REPO_ROOT, LocalCluster
 
@@ -77,12 +77,6 @@ RESTART_SLACK_SECONDS = 3.5  # a backoff ends -> the new driver pod exists (watc
 T = TypeVar("T")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclasses.dataclass
 class OperatorProcess:
     """`dstream-operator` with the chart Deployment's arguments and a kubeconfig for the chart's
@@ -92,8 +86,8 @@ class OperatorProcess:
     args: list[str]
     kubeconfig: Path
     log_path: Path
-    metrics_port: int = dataclasses.field(default_factory=_free_port)
-    liveness_port: int = dataclasses.field(default_factory=_free_port)
+    metrics_port: int = dataclasses.field(default_factory=free_port)
+    liveness_port: int = dataclasses.field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
