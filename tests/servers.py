@@ -17,7 +17,11 @@ from pathlib import Path
 
 from debian_packages import require_binary
 
-FIRST_PORT = 10000  # the tests' servers listen between this and the kernel's ephemeral range
+# The tests' servers listen from FIRST_PORT up to Kubernetes' NodePort range (30000) or the
+# kernel's ephemeral range, whichever starts first: clear of both, and of the ports that
+# Kubernetes' own components take (10248-10259), which `make e2e` runs on this host.
+FIRST_PORT = 20000
+NODE_PORTS_START = 30000
 
 
 def ephemeral_ports_start() -> int:
@@ -26,12 +30,12 @@ def ephemeral_ports_start() -> int:
 
 def free_port() -> int:
     """A free loopback port below the kernel's ephemeral range, from this pytest-xdist worker's
-    own share of it. A server stopped to be restarted gets its port back: the kernel never
-    gives a port from here to an outgoing connection or to another test's bind to port 0, and
-    two workers never pick the same one."""
+    own share of the tests' ports. A server stopped to be restarted gets its port back: the
+    kernel never gives a port from here to an outgoing connection or to another test's bind to
+    port 0, and two workers never pick the same one."""
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    share = (ephemeral_ports_start() - FIRST_PORT) // workers
+    share = (min(ephemeral_ports_start(), NODE_PORTS_START) - FIRST_PORT) // workers
     first = FIRST_PORT + worker * share
     for port in random.sample(range(first, first + share), min(100, max(share, 0))):
         with socket.socket() as probe:
@@ -41,8 +45,9 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError(
-        f"no free loopback port in {first}-{first + share - 1} (the kernel's ephemeral range,"
-        f" /proc/sys/net/ipv4/ip_local_port_range, starts at {ephemeral_ports_start()})"
+        f"no free loopback port in {first}-{first + share - 1} (the tests' ports end where the"
+        " kernel's ephemeral range, /proc/sys/net/ipv4/ip_local_port_range, begins:"
+        f" {ephemeral_ports_start()})"
     )
 
 
