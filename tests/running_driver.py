@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,7 +83,8 @@ class Line:
 
 
 class Driver:
-    """One `dstream run` process group; its output lines are kept with the time they arrived."""
+    """One `dstream run` process group; its output lines are kept with the time they arrived.
+    `launcher` goes before the command (e.g. `unshare --pid --fork`, as a pod runs it)."""
 
     def __init__(
         self,
@@ -93,9 +94,11 @@ class Driver:
         log: Path | None = None,
         port: int = 0,
         cwd: Path | None = None,
+        launcher: Sequence[str] = (),
     ):
         self.manifest = manifest
         self.args = list(args)
+        self.launcher = list(launcher)
         self.env = env or {}
         self.log = log
         self.port = port
@@ -109,7 +112,7 @@ class Driver:
     def start(self) -> Driver:
         settings = {**SPARK_TEST_CONF, **QUICK_JIT_CONF}
         conf = [arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")]
-        command = [sys.executable, "-m", "dstream", "run", str(self.manifest)]
+        command = [*self.launcher, sys.executable, "-m", "dstream", "run", str(self.manifest)]
         command += ["--port", str(self.port)]
         env = {
             **os.environ,

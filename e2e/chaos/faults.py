@@ -41,6 +41,7 @@ from e2e.chaos.observer import Observer, Snapshot
 # The driver's log lines that the standby faults read (dstream.runtime.recovery, .timeline).
 WARM_STANDBY = "standby: warm, following"
 _TIMELINE = re.compile(r"recovery timeline: phase=(\w+) at=([0-9.]+)")
+_CLAIMED = re.compile(r"claimed epoch (\d+) of ")
 # What a standby's takeover shows (it started up before the fault).
 TAKEOVER_PHASES = ("lead_taken", "state_restored", "replayed", "on_schedule")
 
@@ -244,18 +245,18 @@ class Chaos:
     def lose_driver(self, timeout_s: float, kind: str = "driver recovery") -> None:
         t = self.target
         name, uid = self.driver_pod()
-        epoch = self.snapshot().newest_epoch()
         deleted_at = time.time()
         self.cluster.delete_pod(t.namespace, name)
         self.count("driver")
         print(f"- deleted driver pod {name}", flush=True)
-        self._await_new_driver({uid}, epoch, deleted_at, kind, timeout_s)
+        self._await_new_driver({uid}, deleted_at, kind, timeout_s)
 
     def _await_new_driver(
-        self, old_uids: set[str], epoch: int, deleted_at: float, kind: str, timeout_s: float
+        self, old_uids: set[str], deleted_at: float, kind: str, timeout_s: float
     ) -> None:
-        """Measure from the deletion to the first batch committed by a driver of an epoch newer
-        than `epoch` (the old one, still stopping, may commit after the new pod started)."""
+        """Measure from the deletion to the first batch committed under the epoch a new driver
+        pod claimed: an old driver still stopping may commit after the new pod started, and a
+        deleted standby may even have led for a while, each under an epoch of its own."""
         t = self.target
 
         def new_driver_started() -> tuple[float, float] | None:
@@ -267,9 +268,15 @@ class Chaos:
             return None
 
         created, started = wait_for("a new driver pod", new_driver_started, timeout_s, every_s=1)
+        epoch = wait_for(
+            "a new driver pod's claim of the lead",
+            lambda: self._claimed_epoch(old_uids),
+            timeout_s,
+            every_s=1,
+        )
         first = wait_for(
             "the first batch committed by the new driver",
-            lambda: self.snapshot().committed_above(epoch),
+            lambda: self.snapshot().committed_above(epoch - 1),
             timeout_s,
         )[0]
         snapshot = self.snapshot()
@@ -347,6 +354,16 @@ class Chaos:
         found = dict(_TIMELINE.findall(self.cluster.pod_log(self.target.namespace, pod)))
         return {phase: float(found[phase]) for phase in phases if phase in found}
 
+    def _claimed_epoch(self, old_uids: set[str]) -> int | None:
+        """The epoch a new driver pod (not one of `old_uids`) claimed, as its log says."""
+        t = self.target
+        for pod in self.cluster.job_pods(t.namespace, t.job, "driver"):
+            if pod.metadata.uid not in old_uids:
+                claimed = _CLAIMED.search(self.cluster.pod_log(t.namespace, pod.metadata.name))
+                if claimed:
+                    return int(claimed.group(1))
+        return None
+
     def _new_leader(self, old_uids: set[str]) -> tuple[client.V1Pod | None, dict[str, float]]:
         """The new driver pod (not one of `old_uids`) that took the lead, as its recovery
         timeline says, and every phase of that timeline: on the restart path its own start-up
@@ -368,13 +385,12 @@ class Chaos:
             if not p.metadata.deletion_timestamp
         ]
         uids = {p.metadata.uid for p in pods}
-        epoch = self.snapshot().newest_epoch()
         deleted_at = time.time()
         for pod in pods:
             self.cluster.delete_pod(t.namespace, pod.metadata.name)
         self.count("driver")
         print(f"- deleted both driver pods {[p.metadata.name for p in pods]}", flush=True)
-        self._await_new_driver(uids, epoch, deleted_at, "both drivers lost: restart", timeout_s)
+        self._await_new_driver(uids, deleted_at, "both drivers lost: restart", timeout_s)
 
     def lose_operator(self, timeout_s: float) -> None:
         t = self.target

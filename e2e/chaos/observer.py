@@ -41,9 +41,6 @@ class Snapshot:
         newer = (t for t, e in self.epochs.items() if e > epoch and t in self.commits)
         return sorted(newer, key=self.commits.get)
 
-    def newest_epoch(self) -> int:
-        return max(self.epochs.values(), default=0)
-
     def delay(self, time_ms: int) -> float:
         """Seconds from the batch's time until its output was committed."""
         return self.commits[time_ms] - time_ms / 1000

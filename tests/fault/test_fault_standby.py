@@ -74,8 +74,9 @@ def commits_by_epoch(job: RateJob) -> dict[int, int]:
     return found
 
 
-def start(job: RateJob, *args: str) -> Driver:
-    return Driver(job.manifest, *LEASE_CONF, *args, log=job.root / "drivers.log").start()
+def start(job: RateJob, *args: str, launcher: tuple[str, ...] = ()) -> Driver:
+    log = job.root / "drivers.log"
+    return Driver(job.manifest, *LEASE_CONF, *args, log=log, launcher=launcher).start()
 
 
 def monotonic_of(wall: float) -> float:
@@ -149,11 +150,92 @@ def test_standby_takes_over_a_frozen_then_a_killed_leader_output_exact(tmp_path)
     assert verdict.lost == 0 and verdict.duplicated == 0
 
 
-def standby_of(job: RateJob) -> Driver:
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_leader_stopped_mid_batch_hands_the_lead_to_its_standby_at_once(tmp_path):
+    """SIGTERM, as a pod's deletion sends it, to the leader of a job with `driver.standby`
+    just after a batch started (its outputs sleep 6 s): the standby takes the lead while that
+    batch still runs, so the old leader's commit of it is refused and the standby commits it
+    under the next epoch. Without the hand-over the old leader would commit it, holding the
+    lead until then (or, past a pod's grace period, until its lease expired)."""
+    job = RateJob(
+        tmp_path,
+        batch_s=2,
+        window_s=10,
+        checkpoint_interval_s=4,
+        output_sleep_s=6,
+        extra_spec={"driver": {"standby": True}},
+    )
+    job.write()
+    leader = start(job)
+    drivers = [leader]
+    try:
+        leader.wait_for_line(is_batch, STEP_TIMEOUT_S)
+        drivers.append(standby_of(job))
+        logged = batch_records(job)
+        started = wait_until(lambda: batch_records(job) - logged, STEP_TIMEOUT_S)
+        stopped_from = len(leader.lines)
+        assert leader.terminate(timeout_s=STEP_TIMEOUT_S) == 0
+        wait_until(lambda: started <= commits_by_epoch(job).keys(), STEP_TIMEOUT_S)
+        epochs = commits_by_epoch(job)
+        assert {epochs[t] for t in started} == {2}, (started, epochs)
+        refused = [line.text for line in leader.lines[stopped_from:]]
+        assert any("epoch 2 was claimed" in text for text in refused), refused
+        settle(drivers[1])
+        assert drivers[1].terminate(timeout_s=120) == 0
+    finally:
+        for driver in drivers:
+            driver.kill()
+    verdict = verify(job)
+    assert not verdict.mismatched_batches, verdict.mismatched_batches
+    assert verdict.lost == 0 and verdict.duplicated == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_standby_told_to_stop_ends_at_once_as_a_pods_main_process_too(tmp_path):
+    """SIGTERM, from outside, to a standby that is PID 1 of its own PID namespace, as a
+    driver pod's main process is: it ends at once, exit 0, saying why. The kernel does not
+    apply a signal's default action to such a process, so without a handler of its own a
+    deleted standby pod ran on for its whole grace period, and could take the lead meanwhile.
+    The leader goes on committing."""
+    job = RateJob(tmp_path, batch_s=2, window_s=10, checkpoint_interval_s=4)
+    job.write()
+    drivers = [start(job)]
+    try:
+        drivers[0].wait_for_line(is_batch, STEP_TIMEOUT_S)
+        drivers.append(standby_of(job, launcher=OWN_PID_NAMESPACE))
+        os.kill(namespace_init(drivers[1].pid), signal.SIGTERM)
+        assert drivers[1].wait(STEP_TIMEOUT_S) == 0
+        assert "SIGTERM received while standing by" in drivers[1].output()
+        settle(drivers[0])
+    finally:
+        for driver in drivers:
+            driver.kill()
+
+
+OWN_PID_NAMESPACE = ("unshare", "--pid", "--fork", "--kill-child")
+
+
+def namespace_init(launcher_pid: int) -> int:
+    """The process `unshare --fork` started: PID 1 of its namespace, by its PID out here."""
+    children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children")
+    return int(wait_until(lambda: children.read_text().split(), STEP_TIMEOUT_S)[0])
+
+
+def batch_records(job: RateJob) -> set[int]:
+    """The batch times the log has a record of (a batch's record is written as it starts)."""
+    return {
+        int(path.stem.removeprefix("batch-"))
+        for path in (job.checkpoint / "log").glob("batch-*.json")
+    }
+
+
+def standby_of(job: RateJob, launcher: tuple[str, ...] = ()) -> Driver:
     """A standby, once it is warm (its workers up, the checkpoint read once); its API says it
     is a standby, without an epoch."""
     port = free_port()
-    standby = start(job, "--standby", "--port", str(port))
+    standby = start(job, "--standby", "--port", str(port), launcher=launcher)
     standby.wait_for_line(warm, STEP_TIMEOUT_S)
     status = wait_until(lambda: status_of(port), 60)
     assert (status["state"], status["epoch"]) == ("standby", None), status

@@ -341,6 +341,14 @@ class BatchScheduler:
         self._release_lead()
         self.state = "stopped"
 
+    def hand_over(self) -> None:
+        """Let go of the lead now, before the running batch ends, for a standby to take over
+        at once; this driver goes on writing under its epoch. Its batch commits if it gets
+        there before the standby claims the next epoch; after that its writes are refused
+        (DeposedError) and the standby runs the batch again."""
+        if self.lease is not None:
+            self.lease.release()
+
     def _release_lead(self) -> None:
         if self.lease is not None:
             self.lease.release()

@@ -16,7 +16,8 @@ import argparse
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from dstream.runtime.checkpoint import CheckpointMismatchError, CheckpointUnrecoverableError
 from dstream.spec import Checkpoint, SpecError, StreamingJob, load_job
@@ -118,6 +119,10 @@ def refuse_open_api_or_exit(args: argparse.Namespace) -> None:
         raise SystemExit(EXIT_INVALID) from None
 
 
+class StandbyStoppedError(Exception):
+    """A standby told to stop before it led: it has nothing to finish."""
+
+
 def run_job(args: argparse.Namespace) -> int:
     """Start the job (recovering from its checkpoint), serve the API, stop on SIGTERM/SIGINT."""
     job = load_or_exit(args.manifest)
@@ -155,14 +160,28 @@ def run_job(args: argparse.Namespace) -> int:
         )
         runtime.stop_requested = True
 
-    def listen_for_stop() -> None:
-        signal.signal(signal.SIGTERM, request_stop)
-        signal.signal(signal.SIGINT, request_stop)
+    def stop_standing_by(signum: int, frame: object) -> None:
+        """Until it leads, a standby ends at once. Its own handler, not the default action: a
+        pod's main process (PID 1 of its namespace) ignores a signal it has no handler for, so
+        a deleted standby pod would run on, and could even take the lead, for its whole grace
+        period."""
+        scheduler = runtime.scheduler
+        if scheduler is not None and scheduler.fence is not None:  # it leads already
+            request_stop(signum, frame)
+            return
+        raise StandbyStoppedError(f"{signal.Signals(signum).name} received while standing by")
 
-    if not args.standby:  # a standby has nothing to finish until it leads: a signal ends it
-        listen_for_stop()
+    def listen_for_stop(handler: Callable[[int, Any], None]) -> None:
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    listen_for_stop(stop_standing_by if args.standby else request_stop)
     try:
         runtime.start(standby=args.standby)
+    except StandbyStoppedError as stopped:
+        print(f"dstream: {stopped}", flush=True)
+        runtime.sc.stop()
+        return 0
     except (CheckpointMismatchError, CheckpointUnrecoverableError, CheckpointInUseError) as error:
         print(f"error: {error}", file=sys.stderr)
         runtime.sc.stop()
@@ -175,8 +194,7 @@ def run_job(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         runtime.sc.stop()
         return EXIT_SOURCE_ERROR
-    if args.standby:
-        listen_for_stop()
+    listen_for_stop(request_stop)
     try:
         runtime.run_until_stopped(args.duration)
     except SourceError as error:
