@@ -199,7 +199,7 @@ class JobRuntime:
         """Graceful: the running batch completes and commits, then Spark stops. A job that
         runs with a standby hands the lead over first, so that the standby's takeover does
         not wait for this batch (or, when the batch outlasts the pod's grace period, for the
-        lease to expire)."""
+        lease to expire); the batch then commits only if it gets there before the standby."""
         self.metrics.close()
         if self.job.spec.driver.standby and self.scheduler is not None:
             self.scheduler.hand_over()
