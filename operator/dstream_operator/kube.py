@@ -144,10 +144,31 @@ class Kube:
         for _ in range(attempts):
             if not exists and await self.create(obj) is not None:
                 return
+            if not exists and await self._deleted_if_anothers(path, obj):
+                continue
             if await self._patch_unless_going(path, obj) is not None:
                 return
             exists = False
         raise KubeError(409, f"{obj['kind']} {meta['name']} kept vanishing while applied")
+
+    async def _deleted_if_anothers(
+        self, path: tuple[str, str, str, str], obj: dict[str, Any]
+    ) -> bool:
+        """Delete the live object of that name if another owner owns it (a deleted job's
+        child, not collected yet, when a job of the same name is created); True if it is gone.
+        Patched instead, it would keep its identity, which the garbage collector may already
+        have marked for deletion: the new job's child would then go a moment later."""
+        owners = {ref["uid"] for ref in obj["metadata"].get("ownerReferences") or []}
+        if not owners:
+            return False
+        live = await self.get(*path)
+        if live is None:
+            return True
+        live_owners = {ref.get("uid") for ref in live["metadata"].get("ownerReferences") or []}
+        if not live_owners or owners & live_owners:
+            return False
+        await self.delete(*path, uid=live["metadata"]["uid"])
+        return True
 
     async def _patch_unless_going(
         self, path: tuple[str, str, str, str], obj: dict[str, Any]

@@ -888,6 +888,40 @@ def test_a_restarted_operator_adopts_its_jobs_without_a_second_driver(k8s: Harne
     )
 
 
+def test_a_child_of_the_jobs_name_owned_by_another_is_replaced_not_adopted(k8s: Harness):
+    """A deleted job's ConfigMap that the garbage collector has yet to remove, when a job of
+    the same name is created (here owned by a live stand-in, so the collector leaves it): the
+    operator deletes it and creates the job's own. Patched, it kept its identity, which the
+    collector could already have marked for deletion; the new job's driver then had no job
+    file (seen in CI in the test below)."""
+    ns = k8s.namespace
+    stand_in = k8s.core.create_namespaced_config_map(ns, {"metadata": {"name": "heir-before"}})
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "heir-before"}
+    stale = k8s.core.create_namespaced_config_map(
+        ns,
+        {
+            "metadata": {
+                "name": "heir-job",
+                "ownerReferences": [{**owner, "uid": stand_in.metadata.uid}],
+            }
+        },
+    )
+    uid = k8s.create_job("heir")["metadata"]["uid"]
+
+    def own_config_map() -> Any:
+        try:
+            found = k8s.core.read_namespaced_config_map("heir-job", ns)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return found if found.metadata.uid != stale.metadata.uid else None
+
+    replaced = k8s.wait_for("the job's own ConfigMap", own_config_map)
+    assert [ref.uid for ref in replaced.metadata.owner_references] == [uid]
+    assert "job.yaml" in (replaced.data or {})
+
+
 def test_a_job_deleted_and_created_again_starts_afresh(k8s: Harness):
     """`kubectl delete` then `kubectl apply` of the same name: the old driver, still being
     garbage-collected, is no driver of the new job, and its end is no restart. The garbage

@@ -75,11 +75,16 @@ async def test_kubeconfig_token_is_sent_as_bearer(api_server, tmp_path, monkeypa
     assert [r.headers.get("Authorization") for r in seen] == ["Bearer s3cret"]
 
 
-async def _applied(answers: list[tuple[int, dict]], kind: str, *exists: bool) -> list[tuple]:
-    """(method, path) of the requests that applying an object once per `exists` sent."""
+async def _applied(
+    answers: list[tuple[int, dict]], kind: str, *exists: bool, owner: str | None = None
+) -> list[tuple]:
+    """(method, path) of the requests that applying an object (owned by `owner`, a uid) once
+    per `exists` sent."""
     runner, url, seen = await _serve(answers)
     kube = Kube(kubernetes.client.Configuration(host=url))
-    obj = {"apiVersion": "v1", "kind": kind, "metadata": {"name": "x", "namespace": "jobs"}}
+    obj: dict = {"apiVersion": "v1", "kind": kind, "metadata": {"name": "x", "namespace": "jobs"}}
+    if owner is not None:
+        obj["metadata"]["ownerReferences"] = [{"kind": "StreamingJob", "name": "x", "uid": owner}]
     try:
         for known in exists:
             await kube.apply(obj, exists=known)
@@ -110,6 +115,27 @@ async def test_apply_creates_again_what_went_while_it_was_patched():
         ("POST", "/api/v1/namespaces/jobs/services"),
         ("PATCH", "/api/v1/namespaces/jobs/services/x"),
         ("POST", "/api/v1/namespaces/jobs/services"),
+    ]
+
+
+async def test_apply_replaces_what_another_owner_owns_and_patches_its_own():
+    """A job deleted and created again: its predecessor's ConfigMap, not collected yet, is
+    deleted and made anew (patched, the collector could still delete it a moment later); one
+    the job owns already is patched."""
+    predecessors = {"metadata": {"name": "x", "uid": "cm-1", "ownerReferences": [{"uid": "old"}]}}
+    answers = [(409, {}), (200, predecessors), (200, {}), (201, {"metadata": {"name": "x"}})]
+    assert await _applied(answers, "ConfigMap", False, owner="new") == [
+        ("POST", "/api/v1/namespaces/jobs/configmaps"),
+        ("GET", "/api/v1/namespaces/jobs/configmaps/x"),
+        ("DELETE", "/api/v1/namespaces/jobs/configmaps/x"),
+        ("POST", "/api/v1/namespaces/jobs/configmaps"),
+    ]
+    own = {"metadata": {"name": "x", "uid": "cm-2", "ownerReferences": [{"uid": "new"}]}}
+    answers = [(409, {}), (200, own), (200, own)]
+    assert await _applied(answers, "ConfigMap", False, owner="new") == [
+        ("POST", "/api/v1/namespaces/jobs/configmaps"),
+        ("GET", "/api/v1/namespaces/jobs/configmaps/x"),
+        ("PATCH", "/api/v1/namespaces/jobs/configmaps/x"),
     ]
 
 
