@@ -43,7 +43,7 @@ from bench.throughput.kafka_input import WORKLOADS as KAFKA_WORKLOADS
 from bench.throughput.kafka_input import start_broker
 from bench.throughput.searches import PLANS, Gate, progress, run_table, summary_lines
 from bench.throughput.systems import SYSTEMS, WORKLOADS
-from bench.throughput.trial import LATENCY_TARGET_INTERVALS
+from bench.throughput.trial import LATENCY_TARGET_INTERVALS, latency_target_ms
 
 
 def tag_rows(tables: dict[str, dict[str, Any]], run: int) -> None:
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     recovers = not (args.quick or args.allow_load or args.no_recovery or args.same_rate_only)
     if plan.batch_ms != 1000 and recovers:
         parser.error(f"--batch-interval {plan.batch_ms}: trials only; add --no-recovery")
-    target_s = LATENCY_TARGET_INTERVALS * plan.batch_ms / 1000
+    target_s = latency_target_ms(plan.batch_ms) / 1000
     if target_s not in LATENCY_BUCKETS_S:
         parser.error(
             f"--batch-interval {plan.batch_ms}: its latency target ({LATENCY_TARGET_INTERVALS} "

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.throughput.programs import VARIANTS
-from bench.throughput.trial import BUSY, LATENCY_TARGET_INTERVALS, OK, measured_latency
+from bench.throughput.trial import BUSY, OK, latency_target_ms, measured_latency
 
 OURS = "dstream"
 
@@ -93,7 +93,6 @@ def plan_comparisons(
 def trial_figures(event: dict[str, Any]) -> dict[str, Any]:
     """What a comparison keeps of one trial at the rate: its verdict, latency and load."""
     verdict = event["verdict"]
-    target_ms = LATENCY_TARGET_INTERVALS * event.get("batch_ms", 1000)
     return {
         "source": "trial",
         "rate": event["rate"],
@@ -101,6 +100,8 @@ def trial_figures(event: dict[str, Any]) -> dict[str, Any]:
         "reason": verdict["reason"],
         "processing_p50_ms": verdict["processing_p50_ms"],
         "processing_p90_ms": verdict["processing_p90_ms"],
-        **measured_latency(event.get("batches", []), target_ms),
+        **measured_latency(
+            event.get("batches", []), latency_target_ms(event.get("batch_ms", 1000))
+        ),
         **{k: event.get(k) for k in ("seconds", "attempt", "load")},
     }

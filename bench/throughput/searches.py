@@ -29,8 +29,8 @@ from bench.throughput.search import RateSearch
 from bench.throughput.systems import SYSTEM_CLASSES
 from bench.throughput.trial import (
     BUSY,
-    LATENCY_TARGET_INTERVALS,
     Verdict,
+    latency_target_ms,
     measured_latency,
     percentile,
 )
@@ -319,9 +319,7 @@ def summarize_search(
             processing_p50_ms=percentile(processing, 0.5),
             processing_p90_ms=percentile(processing, 0.9),
             checked_batches=trial["checked_batches"],
-            **measured_latency(
-                trial["batches"], LATENCY_TARGET_INTERVALS * trial.get("batch_ms", 1000)
-            ),
+            **measured_latency(trial["batches"], latency_target_ms(trial.get("batch_ms", 1000))),
         )
     return row
 

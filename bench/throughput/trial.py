@@ -15,6 +15,12 @@ GROWTH_LIMIT_MS = 250  # how much the scheduling delay may rise across the measu
 LATENCY_TARGET_INTERVALS = 2
 WITHIN_TARGET = 0.99  # the share of a trial's records that must make the target: its p99
 
+
+def latency_target_ms(interval_ms: int) -> int:
+    """The p99 a trial's records must make: LATENCY_TARGET_INTERVALS batch intervals."""
+    return LATENCY_TARGET_INTERVALS * interval_ms
+
+
 # Verdict kinds; only "ok" passes.
 OK, SLOW, WRONG, BUSY = "ok", "too slow", "wrong output", "machine busy"
 
@@ -84,7 +90,7 @@ def judge(
     )
     known = [v for v in latency_p99_ms or [] if v is not None]
     p99 = max(known) if known else None
-    target = LATENCY_TARGET_INTERVALS * interval_ms
+    target = latency_target_ms(interval_ms)
     within = share_within(latency_buckets or [], target)
 
     def verdict(kind: str, reason: str) -> Verdict:

@@ -29,6 +29,7 @@ import math
 import re
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from dstream.runtime.timeline import PHASES
@@ -61,6 +62,12 @@ class Target:
     def driver_lease(self) -> str:
         """The job's Lease, in namespace, held by its leading driver (operator: lease_name)."""
         return f"{self.job}-driver"
+
+
+def timeline_in(log: str, phases: tuple[str, ...]) -> dict[str, float]:
+    """The recovery `phases` a driver's log names (unix seconds)."""
+    found = dict(_TIMELINE.findall(log))
+    return {phase: float(found[phase]) for phase in phases if phase in found}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -349,31 +356,32 @@ class Chaos:
                     return pod.metadata.name
         return None
 
-    def _timeline(self, pod: str, phases: tuple[str, ...] = TAKEOVER_PHASES) -> dict[str, float]:
-        """The recovery `phases` a driver logged (unix seconds)."""
-        found = dict(_TIMELINE.findall(self.cluster.pod_log(self.target.namespace, pod)))
-        return {phase: float(found[phase]) for phase in phases if phase in found}
+    def _timeline(self, pod: str) -> dict[str, float]:
+        """The takeover's phases a driver logged (unix seconds)."""
+        return timeline_in(self.cluster.pod_log(self.target.namespace, pod), TAKEOVER_PHASES)
 
-    def _claimed_epoch(self, old_uids: set[str]) -> int | None:
-        """The epoch a new driver pod (not one of `old_uids`) claimed, as its log says."""
+    def _new_driver_logs(self, old_uids: set[str]) -> Iterator[tuple[client.V1Pod, str]]:
+        """Each driver pod not among `old_uids`, with its log so far."""
         t = self.target
         for pod in self.cluster.job_pods(t.namespace, t.job, "driver"):
             if pod.metadata.uid not in old_uids:
-                claimed = _CLAIMED.search(self.cluster.pod_log(t.namespace, pod.metadata.name))
-                if claimed:
-                    return int(claimed.group(1))
+                yield pod, self.cluster.pod_log(t.namespace, pod.metadata.name)
+
+    def _claimed_epoch(self, old_uids: set[str]) -> int | None:
+        """The epoch a new driver pod (not one of `old_uids`) claimed, as its log says."""
+        for _, log in self._new_driver_logs(old_uids):
+            if claimed := _CLAIMED.search(log):
+                return int(claimed.group(1))
         return None
 
     def _new_leader(self, old_uids: set[str]) -> tuple[client.V1Pod | None, dict[str, float]]:
         """The new driver pod (not one of `old_uids`) that took the lead, as its recovery
         timeline says, and every phase of that timeline: on the restart path its own start-up
         is part of the recovery."""
-        t = self.target
-        for pod in self.cluster.job_pods(t.namespace, t.job, "driver"):
-            if pod.metadata.uid not in old_uids:
-                phases = self._timeline(pod.metadata.name, PHASES)
-                if "lead_taken" in phases:
-                    return pod, phases
+        for pod, log in self._new_driver_logs(old_uids):
+            phases = timeline_in(log, PHASES)
+            if "lead_taken" in phases:
+                return pod, phases
         return None, {}
 
     def lose_pair(self, timeout_s: float) -> None:

@@ -351,7 +351,7 @@ class BatchScheduler:
 
     def _release_lead(self) -> None:
         if self.lease is not None:
-            self.lease.release()
+            self.hand_over()
             set_current_fence(None)
 
     # -- the timer ------------------------------------------------------------------------

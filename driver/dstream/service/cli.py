@@ -16,8 +16,7 @@ import argparse
 import logging
 import signal
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from dstream.runtime.checkpoint import CheckpointMismatchError, CheckpointUnrecoverableError
 from dstream.spec import Checkpoint, SpecError, StreamingJob, load_job
@@ -171,11 +170,8 @@ def run_job(args: argparse.Namespace) -> int:
             return
         raise StandbyStoppedError(f"{signal.Signals(signum).name} received while standing by")
 
-    def listen_for_stop(handler: Callable[[int, Any], None]) -> None:
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
-
-    listen_for_stop(stop_standing_by if args.standby else request_stop)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop_standing_by if args.standby else request_stop)
     try:
         runtime.start(standby=args.standby)
     except StandbyStoppedError as stopped:
@@ -194,7 +190,6 @@ def run_job(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         runtime.sc.stop()
         return EXIT_SOURCE_ERROR
-    listen_for_stop(request_stop)
     try:
         runtime.run_until_stopped(args.duration)
     except SourceError as error:
