@@ -155,8 +155,8 @@ def test_standby_takes_over_a_frozen_then_a_killed_leader_output_exact(tmp_path)
 def test_a_leader_stopped_mid_batch_hands_the_lead_to_its_standby_at_once(tmp_path):
     """SIGTERM, as a pod's deletion sends it, to the leader of a job with `driver.standby`
     just after a batch started (its outputs sleep 6 s): the standby takes the lead while that
-    batch still runs, so the old leader's commit of it is refused and the standby commits it
-    under the next epoch. Without the hand-over the old leader would commit it, holding the
+    batch still runs, so the standby commits it under the next epoch (the old leader's commit
+    is refused, or its batch fails first as its context stops: seen in CI). Without the hand-over the old leader would commit it, holding the
     lead until then (or, past a pod's grace period, until its lease expired)."""
     job = RateJob(
         tmp_path,
@@ -174,13 +174,10 @@ def test_a_leader_stopped_mid_batch_hands_the_lead_to_its_standby_at_once(tmp_pa
         drivers.append(standby_of(job))
         logged = batch_records(job)
         started = wait_until(lambda: batch_records(job) - logged, STEP_TIMEOUT_S)
-        stopped_from = len(leader.lines)
         assert leader.terminate(timeout_s=STEP_TIMEOUT_S) == 0
         wait_until(lambda: started <= commits_by_epoch(job).keys(), STEP_TIMEOUT_S)
         epochs = commits_by_epoch(job)
         assert {epochs[t] for t in started} == {2}, (started, epochs)
-        refused = [line.text for line in leader.lines[stopped_from:]]
-        assert any("epoch 2 was claimed" in text for text in refused), refused
         settle(drivers[1])
         assert drivers[1].terminate(timeout_s=120) == 0
     finally:
