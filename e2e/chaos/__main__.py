@@ -238,6 +238,8 @@ def report(chaos: Chaos, verdict: Verdict, max_drivers: int, path: Path | None) 
     for line in chaos.figures.summary():
         say(line)
     say(f"baseline batch delay: {chaos.baseline_delay:.1f}s")
+    p50, p90 = chaos.fault_free_on_schedule
+    say(f"no fault, a random moment to a batch on schedule: p50={p50:.1f}s p90={p90:.1f}s")
     say(f"batches={verdict.batches} records={verdict.records} words={verdict.words}")
     say(f"most live driver pods at once: {max_drivers}")
     for problem in verdict.problems[:20]:
@@ -249,6 +251,7 @@ def report(chaos: Chaos, verdict: Verdict, max_drivers: int, path: Path | None) 
             "figures": chaos.figures.values,
             "notes": chaos.figures.notes,
             "baselineDelaySeconds": chaos.baseline_delay,
+            "faultFreeOnScheduleSeconds": {"p50": p50, "p90": p90},
             "batches": verdict.batches,
             "records": verdict.records,
             "lost": verdict.lost,

@@ -104,6 +104,7 @@ class Chaos:
         self.cluster, self.observer, self.target = cluster, observer, target
         self.figures = Figures()
         self.baseline_delay = 0.0
+        self.fault_free_on_schedule = (0.0, 0.0)  # p50, p90: what "back on schedule" reads against
         self.faults: dict[str, int] = {}
 
     # -- observations -------------------------------------------------------------------------
@@ -180,6 +181,15 @@ class Chaos:
         snapshot = self.snapshot()
         self.baseline_delay = statistics.median(snapshot.delay(b) for b in done[:batches])
         print(f"  baseline batch delay: {self.baseline_delay:.1f} s", flush=True)
+        limit = self.baseline_delay + self.target.batch_s
+        waits = snapshot.waits_for_schedule(done[:batches], limit)
+        self.fault_free_on_schedule = (statistics.median(waits), percentile(waits, 0.9))
+        print(
+            "  no fault, from a moment among those batches to a batch on schedule: "
+            f"p50 {self.fault_free_on_schedule[0]:.1f} s, "
+            f"p90 {self.fault_free_on_schedule[1]:.1f} s",
+            flush=True,
+        )
 
     def on_schedule_after(self, epoch_s: float, timeout_s: float, what: str) -> int:
         """The first batch with a time after `epoch_s` whose delay is back to the baseline plus

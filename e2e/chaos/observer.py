@@ -45,6 +45,26 @@ class Snapshot:
         """Seconds from the batch's time until its output was committed."""
         return self.commits[time_ms] - time_ms / 1000
 
+    def waits_for_schedule(
+        self, times: list[int], limit_s: float, step_s: float = 0.1
+    ) -> list[float]:
+        """For moments every `step_s` between the first and last of `times` (consecutive
+        fault-free batches): the seconds from the moment to the commit of the first batch due
+        after it with a delay within `limit_s`. It is what "back on schedule" measures when
+        nothing failed, about half an interval plus a batch's delay: what a fault's figure is
+        to be read against."""
+        ordered = sorted(times)
+        waits = []
+        moment = ordered[0] / 1000
+        while moment < ordered[-1] / 1000:
+            on_time = (t for t in ordered if t / 1000 > moment and self.delay(t) <= limit_s)
+            due = next(on_time, None)
+            if due is None:
+                break
+            waits.append(self.commits[due] - moment)
+            moment += step_s
+        return waits
+
 
 class Observer(threading.Thread):
     def __init__(

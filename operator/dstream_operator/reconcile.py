@@ -6,9 +6,10 @@ operator restart costs nothing but a tick.
 
 A job with `driver.standby` runs two driver pods; the job's Lease elects which one leads (the
 drivers hold it themselves, runtime/kube_lease.py). The pair is planned as one driver, the
-leader, with two differences: a pod that ends while the other lives is replaced at once and
-counts no restart (the job did not stop: the survivor leads, or goes on standing by), and a
-pod missing beside a live one is created; except a pod of a changed spec that has yet to commit
+leader, with two differences: a pod that ends while the other lives is replaced, without
+waiting for it to be gone, and counts no restart (the job did not stop: the survivor leads, or
+goes on standing by), and a pod missing beside a live one is created, in both cases once the
+survivor has completed a batch (so not while a standby takes over); except a pod of a changed spec that has yet to commit
 a batch (while `upgrade.rollbackOnFailure` can go back): its end is the job's failure, both
 restart, and the failures lead to a rollback as with one driver. When both are gone the job's
 restartPolicy applies as to a single driver; a spec change or a suspension stops both. A pod of
@@ -447,13 +448,21 @@ def _plan_pair(seen: Observation) -> Plan:
         step = _plan_driver(dataclasses.replace(seen, driver=view, vanished=vanished))
     roles = _roles(seen, living)
     if lead is not None and standby and len(present) < 2 and _keeps_running(step):
-        roles = _replace_when_due(seen, step, roles)
+        roles = _replace_when_due(seen, lead, step, roles)
     step.status = step.status.model_copy(update={"driver": roles})
     return step
 
 
-def _replace_when_due(seen: Observation, step: Plan, roles: DriverRoles) -> DriverRoles:
-    """Create the missing pod of the two now, or once its backoff has passed."""
+def _replace_when_due(
+    seen: Observation, lead: PodFacts, step: Plan, roles: DriverRoles
+) -> DriverRoles:
+    """Create the missing pod of the two once the survivor has completed a batch (is ready)
+    and the backoff has passed. A standby that just took over runs its first batches on
+    executors new to the job's code; a replacement started then (a driver and its executors)
+    takes CPU from them wherever they share nodes, and buys nothing before the survivor leads
+    for real. Its pod turning ready is an event that plans again."""
+    if not lead.ready:
+        return roles
     count, due = _next_replacement(seen, roles)
     if due is not None and seen.now < due:
         step.wake_at = min(step.wake_at or due, due)
@@ -481,6 +490,8 @@ def _replace_lost(seen: Observation, lead: PodFacts, ended: list[PodFacts], step
     and its backoff passed) create another, counting no restart."""
     _, due = _next_replacement(seen, seen.status.driver or DriverRoles())
     when = f"in {(due - seen.now).total_seconds():.0f} s" if due and due > seen.now else "now"
+    if not lead.ready:
+        when = f"once {lead.name} has completed a batch"
     for pod in ended:
         if pod in (seen.driver, seen.second):
             step.ended_pods.append(pod.name)

@@ -18,3 +18,12 @@ def test_a_new_drivers_commits_are_told_apart_by_their_epoch():
     assert snapshot.committed_after(11.0) == [3000, 2000, 4000]
     assert snapshot.committed_above(1) == [3000, 4000]
     assert snapshot.committed_above(2) == []
+
+
+def test_the_wait_for_schedule_from_a_moment_without_a_fault():
+    """6 s batches committed 2 s after their time, one late (9 s): from a moment, the next due
+    batch within the limit; the late one is passed over."""
+    commits = {6000: 8.0, 12000: 14.0, 18000: 27.0, 24000: 26.0}
+    snapshot = Snapshot(ranges={}, coalesced={}, commits=commits, max_drivers=1, epochs={})
+    waits = snapshot.waits_for_schedule(list(commits), limit_s=8.0, step_s=1.0)
+    assert waits == [8, 7, 6, 5, 4, 3, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3]

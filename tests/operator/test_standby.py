@@ -154,6 +154,27 @@ def test_a_killed_leader_is_replaced_at_once_without_counting_a_restart():
     assert (after.status.driver.leader, after.status.driver.standby) == (SECOND, None)
 
 
+def test_a_lost_leaders_replacement_waits_for_the_standby_to_complete_a_batch():
+    """A standby that takes over runs its first batches on executors new to the job's code; its
+    replacement's driver and executors are not started beside them (issue 28)."""
+    killed = pod(FIRST, phase="Failed", exit_code=137)
+    step = reconcile.plan(seen(driver=killed, second=pod(SECOND), leader=SECOND))
+    assert step.ended_pods == [FIRST] and not step.restarted
+    assert step.events[0].message.endswith(f"replacing {FIRST} once {SECOND} has completed a batch")
+    marked = killed.__class__(
+        **{**killed.__dict__, "stop_reason": reconcile.STOP_ENDED, "deleting": True}
+    )
+    taking_over = reconcile.plan(
+        seen(driver=pod(SECOND), stopping=(marked,), leader=SECOND, current=step.status)
+    )
+    assert not taking_over.create_driver and not taking_over.events
+    assert taking_over.status.driver.replacements == 0 and taking_over.wake_at is None
+    leading = reconcile.plan(
+        seen(driver=pod(SECOND, ready=True), stopping=(marked,), leader=SECOND, current=step.status)
+    )
+    assert leading.create_driver and leading.status.driver.replacements == 1
+
+
 def test_a_pod_of_the_two_that_keeps_dying_is_replaced_under_the_restart_backoff():
     """restartPolicy: backoffSeconds 10, resetAfterSeconds 600 (the defaults)."""
     lost = dict(second=pod(SECOND, ready=True), vanished=pod(FIRST), leader=SECOND)
