@@ -9,12 +9,12 @@ drivers hold it themselves, runtime/kube_lease.py). The pair is planned as one d
 leader, with two differences: a pod that ends while the other lives is replaced, without
 waiting for it to be gone, and counts no restart (the job did not stop: the survivor leads, or
 goes on standing by), and a pod missing beside a live one is created, in both cases once the
-survivor has completed a batch (so not while a standby takes over); except a pod of a changed spec that has yet to commit
-a batch (while `upgrade.rollbackOnFailure` can go back): its end is the job's failure, both
-restart, and the failures lead to a rollback as with one driver. When both are gone the job's
-restartPolicy applies as to a single driver; a spec change or a suspension stops both. A pod of
-the two that keeps dying is replaced under the restart backoff from its second replacement on
-(`DriverRoles`).
+survivor has completed a batch (not during a standby's takeover); except a pod of a changed
+spec that has yet to commit a batch (while `upgrade.rollbackOnFailure` can go back): its end
+is the job's failure, both restart, and the failures lead to a rollback as with one driver.
+When both are gone the job's restartPolicy applies as to a single driver; a spec change or a
+suspension stops both. A pod of the two that keeps dying is replaced under the restart backoff
+from its second replacement on (`DriverRoles`).
 
 Driver pods have a name per attempt (`<job>-driver-<n>`, resources.driver_name) and are told
 apart by what they are, not by name: a pod the operator stopped, or whose end it handled, that
@@ -459,8 +459,8 @@ def _replace_when_due(
     """Create the missing pod of the two once the survivor has completed a batch (is ready)
     and the backoff has passed. A standby that just took over runs its first batches on
     executors new to the job's code; a replacement started then (a driver and its executors)
-    takes CPU from them wherever they share nodes, and buys nothing before the survivor leads
-    for real. Its pod turning ready is an event that plans again."""
+    takes CPU from them wherever they share nodes. The price: no standby for those seconds
+    longer. The survivor's pod turning ready is an event that plans again."""
     if not lead.ready:
         return roles
     count, due = _next_replacement(seen, roles)
