@@ -2,6 +2,8 @@
 while the job runs, each followed by a bounded wait for the job to be whole and on schedule.
 
 Figures (seconds):
+- no fault: from moments among the baseline's batches to a batch on schedule
+  (`Snapshot.waits_for_schedule`), what "back on schedule" below is read against;
 - executor loss: the largest batch delay (batch time -> commit) among the batches that were
   running or started before the job was back on schedule (the spike), and the time from the
   deletion until a batch started after it committed on schedule again;
