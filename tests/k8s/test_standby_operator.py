@@ -1,13 +1,13 @@
-"""A job with `driver.standby` under the operator as it ships, on the real API server: two driver
-pods with their own names (one per attempt) and executors, both electing through the job's Lease; the status
-names the Lease holder as leader; a lost pod is replaced without counting a restart once the
-survivor has completed a batch; a
-spec change replaces both; a changed spec that fails before its first batch is rolled back for
-both; the drivers' PodDisruptionBudget lets the Eviction API take one of the two at a time. On
-the hollow node nothing runs (see test_operator.py), so the Lease is written here as the
-drivers write it (their own election is tested for real in test_driver_lease.py); and the
-node's one CPU fits one 1-core driver, so the second pod may stay Pending, which changes
-nothing the operator decides (the later tests ask for 250m, and both run).
+"""A job with `driver.standby` under the operator as it ships, on the real API server: two
+driver pods with their own names (one per attempt) and executors, both electing through the
+job's Lease; the status names the Lease holder as leader; a lost pod is replaced without
+counting a restart once the survivor is ready (has completed a batch); a spec change replaces
+both; a changed spec that fails before its first batch is rolled back for both; the drivers'
+PodDisruptionBudget lets the Eviction API take one of the two at a time. On the hollow node
+nothing runs (see test_operator.py), so the Lease is written here as the drivers write it
+(their own election is tested for real in test_driver_lease.py); and the node's one CPU fits
+one 1-core driver, so the second pod may stay Pending, which changes nothing the operator
+decides (the later tests ask for 250m, and both run).
 """
 
 from __future__ import annotations
@@ -77,7 +77,9 @@ def roles(k8s: Harness, job: str = JOB) -> dict[str, str]:
     return {role: driver[role] for role in ("leader", "standby") if role in driver}
 
 
-def test_a_standby_job_runs_two_drivers_and_replaces_a_lost_one_at_once(k8s: Harness):
+def test_a_standby_job_runs_two_drivers_and_replaces_a_lost_one_once_the_other_is_ready(
+    k8s: Harness,
+):
     k8s.create_job(JOB, driver={"cores": 1, "memory": "512m", "standby": True})
     pods = k8s.wait_for("two driver pods", lambda: len(p := live_pods(k8s)) == 2 and p)
     assert set(pods) == {FIRST, SECOND}
