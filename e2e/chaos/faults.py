@@ -199,11 +199,7 @@ class Chaos:
         limit = self.baseline_delay + self.target.batch_s
 
         def back() -> int | None:
-            snapshot = self.snapshot()
-            for t in sorted(snapshot.commits):
-                if t / 1000 > epoch_s and snapshot.delay(t) <= limit:
-                    return t
-            return None
+            return self.snapshot().first_on_schedule_after(epoch_s, limit)
 
         return wait_for(f"batches on schedule again after {what}", back, timeout_s)
 

@@ -45,20 +45,24 @@ class Snapshot:
         """Seconds from the batch's time until its output was committed."""
         return self.commits[time_ms] - time_ms / 1000
 
+    def first_on_schedule_after(self, epoch_s: float, limit_s: float) -> int | None:
+        """The time (ms) of the first committed batch due after `epoch_s` whose delay is within
+        `limit_s`: the job back on schedule."""
+        on_time = (t for t in sorted(self.commits) if t / 1000 > epoch_s)
+        return next((t for t in on_time if self.delay(t) <= limit_s), None)
+
     def waits_for_schedule(
         self, times: list[int], limit_s: float, step_s: float = 0.1
     ) -> list[float]:
         """For moments every `step_s` between the first and last of `times` (consecutive
-        fault-free batches): the seconds from the moment to the commit of the first batch due
-        after it with a delay within `limit_s`. It is what "back on schedule" measures when
-        nothing failed, about half an interval plus a batch's delay: what a fault's figure is
-        to be read against."""
-        ordered = sorted(times)
+        fault-free batches): the seconds from the moment until the job is on schedule
+        (`first_on_schedule_after`). It is what "back on schedule" measures when nothing
+        failed, about half an interval plus a batch's delay: what a fault's figure is to be
+        read against."""
         waits = []
-        moment = ordered[0] / 1000
-        while moment < ordered[-1] / 1000:
-            on_time = (t for t in ordered if t / 1000 > moment and self.delay(t) <= limit_s)
-            due = next(on_time, None)
+        moment, last = min(times) / 1000, max(times) / 1000
+        while moment < last:
+            due = self.first_on_schedule_after(moment, limit_s)
             if due is None:
                 break
             waits.append(self.commits[due] - moment)

@@ -25,5 +25,7 @@ def test_the_wait_for_schedule_from_a_moment_without_a_fault():
     batch within the limit; the late one is passed over."""
     commits = {6000: 8.0, 12000: 14.0, 18000: 27.0, 24000: 26.0}
     snapshot = Snapshot(ranges={}, coalesced={}, commits=commits, max_drivers=1, epochs={})
+    assert snapshot.first_on_schedule_after(12.0, limit_s=8.0) == 24000
+    assert snapshot.first_on_schedule_after(24.0, limit_s=8.0) is None
     waits = snapshot.waits_for_schedule(list(commits), limit_s=8.0, step_s=1.0)
     assert waits == [8, 7, 6, 5, 4, 3, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3]

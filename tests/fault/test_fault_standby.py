@@ -156,8 +156,9 @@ def test_a_leader_stopped_mid_batch_hands_the_lead_to_its_standby_at_once(tmp_pa
     """SIGTERM, as a pod's deletion sends it, to the leader of a job with `driver.standby`
     just after a batch started (its outputs sleep 6 s): the standby takes the lead while that
     batch still runs, so the standby commits it under the next epoch (the old leader's commit
-    is refused, or its batch fails first as its context stops: seen in CI). Without the hand-over the old leader would commit it, holding the
-    lead until then (or, past a pod's grace period, until its lease expired)."""
+    is refused, or its batch fails first as its context stops: seen in CI). Without the
+    hand-over the old leader would commit it, holding the lead until then (or, past a pod's
+    grace period, until its lease expired)."""
     job = RateJob(
         tmp_path,
         batch_s=2,
