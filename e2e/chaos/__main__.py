@@ -69,6 +69,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--driver-host", choices=["service", "pod-ip"], default="pod-ip")
     parser.add_argument("--batch-seconds", type=int, default=6)
     parser.add_argument("--rate", type=int, default=100, help="records per second")
+    parser.add_argument(
+        "--baseline-batches",
+        type=int,
+        default=5,
+        help="fault-free batches whose median delay is the baseline (more to tell whether the "
+        "job keeps up with --rate)",
+    )
     parser.add_argument("--executor-kills", type=int, default=3)
     parser.add_argument(
         "--standby",
@@ -187,7 +194,7 @@ def run_faults(chaos: Chaos, args: argparse.Namespace) -> None:
     say("waiting for the job to run (phase Running, executors ready, a batch committed)")
     chaos.wait_until_running(900)
     check_pod_templates(chaos.cluster, chaos.target)
-    chaos.measure_baseline(5, 600)
+    chaos.measure_baseline(args.baseline_batches, 600)
     for n in range(args.executor_kills):
         say(f"executor loss {n + 1}/{args.executor_kills}")
         chaos.lose_executor(300)

@@ -181,8 +181,13 @@ class Chaos:
 
         done = wait_for(f"{batches} fault-free batches", enough, timeout_s)
         snapshot = self.snapshot()
-        self.baseline_delay = statistics.median(snapshot.delay(b) for b in done[:batches])
-        print(f"  baseline batch delay: {self.baseline_delay:.1f} s", flush=True)
+        delays = [snapshot.delay(b) for b in done[:batches]]
+        self.baseline_delay = statistics.median(delays)
+        print(
+            f"  baseline batch delay: {self.baseline_delay:.1f} s ({batches} batches: "
+            f"min {min(delays):.1f} s, max {max(delays):.1f} s, last {delays[-1]:.1f} s)",
+            flush=True,
+        )
         limit = self.baseline_delay + self.target.batch_s
         waits = snapshot.waits_for_schedule(done[:batches], limit)
         self.fault_free_on_schedule = (statistics.median(waits), percentile(waits, 0.9))
