@@ -343,6 +343,30 @@ def test_repeated_kills_count_a_recovery_not_seen_as_the_longest():
     assert percentiles(one_more_lost, batch_ms=1000)["recovery_p90_s"] is None
 
 
+def test_a_kill_reads_back_on_schedule_before_it_reads_recovered():
+    """On schedule: the first batch due after the kill within the baseline plus an interval;
+    recovered: the delay back within RECOVERED_MS of the baseline for good."""
+    from bench.recovery.faults import percentiles, summarize
+
+    def batch(time_ms: int, delay_ms: int) -> dict:
+        return {"time_ms": time_ms, "end_ms": time_ms + delay_ms}
+
+    before = [batch(t, 500) for t in range(1000, 11_000, 1000)]
+    fault_ms = 10_200
+    delays = [4000, 3000, 1400, 1600, 900, 500, 500]  # batches due at 11 s, 12 s, ...
+    after = [batch(11_000 + 1000 * n, d) for n, d in enumerate(delays)]
+    kill = summarize(before, after, fault_ms, batch_ms=1000)
+    assert kill["baseline_ms"] == 500 and kill["peak_ms"] == 4000
+    assert kill["on_schedule_s"] == (13_000 + 1400 - fault_ms) / 1000  # 1.4 <= 0.5 + 1
+    assert kill["recovery_s"] == (15_000 + 900 - fault_ms) / 1000  # 1.6 s later is too slow
+    never = summarize(before, after[:2], fault_ms, batch_ms=1000)
+    assert never["on_schedule_s"] is None and not never["recovered"]
+    summary = percentiles([kill, kill, never], batch_ms=1000)
+    assert summary["on_schedule_p50_s"] == kill["on_schedule_s"]
+    assert summary["on_schedule_p50_intervals"] == kill["on_schedule_s"]
+    assert summary["on_schedule_p90_s"] is None
+
+
 MACHINE = {"cores": 2, "cpu": "x", "memory_gb": 1, "os": "y", "python": "3.11"}
 MACHINE |= {"pyspark": "4", "java": "17"}
 RUN = {

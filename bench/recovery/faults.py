@@ -10,7 +10,10 @@ and fault:
 - baseline: median delay of the batches before the fault;
 - peak: the largest delay after it;
 - recovery: seconds from the fault until the delay is back within RECOVERED_MS of the baseline
-  for good (the batches after the fault have caught up).
+  for good (the batches after the fault have caught up);
+- on schedule: seconds from the fault to the end of the first batch due after it whose delay is
+  within the baseline plus one interval (the chaos e2e's "back on schedule", the looser reading:
+  the job runs on time again, its backlog not yet drained).
 
 `python -m bench` runs every fault for every system after its searches (`run_recovery`);
 `python -m bench.recovery fault` runs one fault against one subject and prints its summary.
@@ -130,8 +133,11 @@ class RecoverProcess:
         self.kill()
 
 
-def summarize(before: list[dict[str, Any]], after: list[dict[str, Any]], fault_ms: int) -> dict:
-    """Baseline, peak and recovery time (see the module docstring) from batch events."""
+def summarize(
+    before: list[dict[str, Any]], after: list[dict[str, Any]], fault_ms: int, batch_ms: int
+) -> dict:
+    """Baseline, peak, recovery and on-schedule time (see the module docstring) from batch
+    events."""
 
     def delay(b: dict[str, Any]) -> int:
         return b["end_ms"] - b["time_ms"]
@@ -146,12 +152,15 @@ def summarize(before: list[dict[str, Any]], after: list[dict[str, Any]], fault_m
         if all(delay(b) <= baseline + RECOVERED_MS for b in later[i:]):
             recovered_at = batch["end_ms"]
             break
+    due = sorted((b for b in later if b["time_ms"] > fault_ms), key=lambda b: b["time_ms"])
+    on_time = next((b for b in due if delay(b) <= baseline + batch_ms), None)
     return {
         "baseline_ms": baseline,
         "peak_ms": max(delay(b) for b in later),
         "first_batch_after_s": (later[0]["end_ms"] - fault_ms) / 1000,
         "recovery_s": None if recovered_at is None else (recovered_at - fault_ms) / 1000,
         "recovered": recovered_at is not None,
+        "on_schedule_s": None if on_time is None else (on_time["end_ms"] - fault_ms) / 1000,
         "timeline": [
             {"t_s": (b["end_ms"] - fault_ms) / 1000, "delay_ms": delay(b)}
             for b in sorted(before + later, key=lambda b: b["end_ms"])
@@ -194,29 +203,39 @@ def executor_kill(subject: Subject, kills: int = 1, every: int = AFTER) -> dict[
                 if fault_ms <= b["end_ms"] and (end is None or b["end_ms"] < end)
             ],
             fault_ms,
+            subject.batch_ms,
         )
         for previous, fault_ms, end in zip([0, *killed[:-1]], killed, ends, strict=True)
     ]
     return each[0] if kills == 1 else percentiles(each, subject.batch_ms)
 
 
+def nearest_rank(values: list[float | None], share: float) -> float | None:
+    """The `share` percentile by nearest rank, a missing value (not seen before the next kill)
+    counting as the longest; None when the rank falls on one."""
+    ordered = sorted(float("inf") if v is None else v for v in values)
+    value = ordered[math.ceil(share * len(ordered)) - 1]
+    return None if value == float("inf") else value
+
+
 def percentiles(each: list[dict[str, Any]], batch_ms: int) -> dict[str, Any]:
-    """p50 and p90 of the recovery time over several kills, a recovery not seen before the next
-    kill counting as the longest; in seconds and in batch intervals, the kills listed."""
+    """p50 and p90 of the recovery and on-schedule times over several kills, a recovery not
+    seen before the next kill counting as the longest; in seconds and in batch intervals, the
+    kills listed."""
     recovered = [k["recovery_s"] for k in each if k.get("recovered")]
-    times = sorted(k["recovery_s"] if k.get("recovered") else float("inf") for k in each)
-
-    def at(share: float) -> float | None:
-        value = times[math.ceil(share * len(times)) - 1]  # nearest rank
-        return None if value == float("inf") else value
-
-    p50, p90 = at(0.5), at(0.9)
+    times = [k["recovery_s"] if k.get("recovered") else None for k in each]
+    on_time = [k.get("on_schedule_s") for k in each]
+    p50, p90 = nearest_rank(times, 0.5), nearest_rank(times, 0.9)
+    on_p50 = nearest_rank(on_time, 0.5)
     return {
         "kills": len(each),
         "recovered": len(recovered),
         "recovery_p50_s": p50,
         "recovery_p90_s": p90,
         "recovery_p50_intervals": None if p50 is None else p50 * 1000 / batch_ms,
+        "on_schedule_p50_s": on_p50,
+        "on_schedule_p90_s": nearest_rank(on_time, 0.9),
+        "on_schedule_p50_intervals": None if on_p50 is None else on_p50 * 1000 / batch_ms,
         "baseline_ms": statistics.median(k["baseline_ms"] for k in each),
         "peak_p50_ms": statistics.median(k.get("peak_ms", 0) for k in each),
         "each": [{key: v for key, v in k.items() if key != "timeline"} for k in each],
@@ -243,7 +262,7 @@ def driver_restart(subject: Subject, master: str) -> dict[str, Any]:
         shutil.rmtree(checkpoint, ignore_errors=True)
     if not second.batches():
         return {"error": "the restarted driver completed no batch (see the log)"}
-    return summarize(first.batches(), second.batches(), fault_ms)
+    return summarize(first.batches(), second.batches(), fault_ms, subject.batch_ms)
 
 
 FAULTS = ("driver, local[2]", f"driver, {LOCAL_CLUSTER}", f"executor, {LOCAL_CLUSTER}")
