@@ -146,7 +146,12 @@ def summarize(
     baseline = statistics.median(delay(b) for b in steady) if steady else 0.0
     later = sorted((b for b in after if b["end_ms"] >= fault_ms), key=lambda b: b["end_ms"])
     if not later:
-        return {"baseline_ms": baseline, "recovered": False}
+        return {
+            "baseline_ms": baseline,
+            "recovered": False,
+            "recovery_s": None,
+            "on_schedule_s": None,
+        }
     recovered_at = None
     for i, batch in enumerate(later):
         if all(delay(b) <= baseline + RECOVERED_MS for b in later[i:]):
