@@ -108,6 +108,8 @@ class Chaos:
         self.baseline_delay = 0.0
         self.fault_free_on_schedule = (0.0, 0.0)  # p50, p90: what "back on schedule" reads against
         self.faults: dict[str, int] = {}
+        self.fault_moments: list[float] = []  # when each fault was made, in order
+        self.executor_losses: list[float] = []  # when each executor pod was deleted
 
     # -- observations -------------------------------------------------------------------------
 
@@ -223,6 +225,7 @@ class Chaos:
 
     def count(self, kind: str) -> None:
         self.faults[kind] = self.faults.get(kind, 0) + 1
+        self.fault_moments.append(time.time())
 
     def lose_executor(self, timeout_s: float) -> None:
         t = self.target
@@ -232,6 +235,7 @@ class Chaos:
         deleted_at = time.time()
         self.cluster.delete_pod(t.namespace, victim)
         self.count("executor")
+        self.executor_losses.append(deleted_at)
         print(f"- deleted executor pod {victim} during batch {running}", flush=True)
 
         def replaced() -> bool:
@@ -249,6 +253,18 @@ class Chaos:
             snapshot.commits[back] - deleted_at,
             f"batch {back} delay {snapshot.delay(back):.1f} s",
         )
+
+    def executor_losses_for_good(self, snapshot: Snapshot) -> None:
+        """Per executor loss, read once the run is over: the seconds until the job was on
+        schedule and stayed so up to the next fault. "Back on schedule" (`lose_executor`) may
+        take a batch that ran on time before the loss's cost landed; this reading cannot."""
+        limit = self.baseline_delay + self.target.batch_s
+        for deleted_at in self.executor_losses:
+            until = min((m for m in self.fault_moments if m > deleted_at), default=None)
+            back = snapshot.on_schedule_for_good(deleted_at, until, limit)
+            seconds = math.inf if back is None else snapshot.commits[back] - deleted_at
+            held = "the next fault" if until is not None else "the end of the run"
+            self.figures.add("executor-loss on schedule for good", seconds, f"up to {held}")
 
     def driver_pod(self) -> tuple[str, str]:
         """(name, uid) of the job's one live driver pod."""

@@ -51,6 +51,23 @@ class Snapshot:
         on_time = (t for t in sorted(self.commits) if t / 1000 > epoch_s)
         return next((t for t in on_time if self.delay(t) <= limit_s), None)
 
+    def on_schedule_for_good(
+        self, epoch_s: float, until_s: float | None, limit_s: float
+    ) -> int | None:
+        """The time (ms) of the first batch due after `epoch_s` from which on every batch
+        committed before `until_s` (the next fault; None: the end of the observation) ran
+        within `limit_s`: back on schedule and staying there, which a batch that ran on time
+        before a fault's cost landed does not show."""
+        due = [
+            t
+            for t in sorted(self.commits)
+            if t / 1000 > epoch_s and (until_s is None or self.commits[t] < until_s)
+        ]
+        for i, t in enumerate(due):
+            if all(self.delay(u) <= limit_s for u in due[i:]):
+                return t
+        return None
+
     def waits_for_schedule(
         self, times: list[int], limit_s: float, step_s: float = 0.1
     ) -> list[float]:
