@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     observer.stop()
     observer.poll()
     snapshot = observer.snapshot()
-    chaos.executor_losses_for_good(snapshot)
+    chaos.figures_for_good(snapshot)
     window_ms = 3 * args.batch_seconds * 1000
     verdict = verify(
         SOURCE, snapshot, storage.batch_outputs(), args.batch_seconds * 1000, window_ms

@@ -109,7 +109,7 @@ class Chaos:
         self.fault_free_on_schedule = (0.0, 0.0)  # p50, p90: what "back on schedule" reads against
         self.faults: dict[str, int] = {}
         self.fault_moments: list[float] = []  # when each fault was made, in order
-        self.executor_losses: list[float] = []  # when each executor pod was deleted
+        self.read_for_good: list[tuple[str, float]] = []  # (figure, moment of its fault)
 
     # -- observations -------------------------------------------------------------------------
 
@@ -235,7 +235,7 @@ class Chaos:
         deleted_at = time.time()
         self.cluster.delete_pod(t.namespace, victim)
         self.count("executor")
-        self.executor_losses.append(deleted_at)
+        self.read_for_good.append(("executor-loss on schedule for good", deleted_at))
         print(f"- deleted executor pod {victim} during batch {running}", flush=True)
 
         def replaced() -> bool:
@@ -254,17 +254,18 @@ class Chaos:
             f"batch {back} delay {snapshot.delay(back):.1f} s",
         )
 
-    def executor_losses_for_good(self, snapshot: Snapshot) -> None:
-        """Per executor loss, read once the run is over: the seconds until the job was on
-        schedule and stayed so up to the next fault. "Back on schedule" (`lose_executor`) may
-        take a batch that ran on time before the loss's cost landed; this reading cannot."""
+    def figures_for_good(self, snapshot: Snapshot) -> None:
+        """Per executor loss and standby takeover, read once the run is over: the seconds until
+        the job was on schedule and stayed so up to the next fault. "Back on schedule" may take
+        a batch that ran on time before the fault's cost landed (the replacement's start, a
+        cold first task); this reading cannot."""
         limit = self.baseline_delay + self.target.batch_s
-        for deleted_at in self.executor_losses:
-            until = min((m for m in self.fault_moments if m > deleted_at), default=None)
-            back = snapshot.on_schedule_for_good(deleted_at, until, limit)
-            seconds = math.inf if back is None else snapshot.commits[back] - deleted_at
+        for figure, fault_at in self.read_for_good:
+            until = min((m for m in self.fault_moments if m > fault_at), default=None)
+            back = snapshot.on_schedule_for_good(fault_at, until, limit)
+            seconds = math.inf if back is None else snapshot.commits[back] - fault_at
             held = "the next fault" if until is not None else "the end of the run"
-            self.figures.add("executor-loss on schedule for good", seconds, f"up to {held}")
+            self.figures.add(figure, seconds, f"up to {held}")
 
     def driver_pod(self) -> tuple[str, str]:
         """(name, uid) of the job's one live driver pod."""
@@ -339,6 +340,7 @@ class Chaos:
         killed_at = time.time()
         self.cluster.delete_pod(t.namespace, name, grace_seconds=0)
         self.count("leader")
+        self.read_for_good.append((f"{kind}: on schedule for good", killed_at))
         print(f"- killed the leading driver pod {name}; {standby} stands by", flush=True)
 
         def successor() -> tuple[str, float] | None:

@@ -285,7 +285,7 @@ class KafkaScenario:
             self._diagnose(job, say)
         feeder.stop()
         observer.stop()
-        chaos.executor_losses_for_good(observer.snapshot())
+        chaos.figures_for_good(observer.snapshot())
         if feeder.failure:
             verdict.problems.append(feeder.failure)
         say(f"kafka: fed {len(feeder.lines)} lines; waiting for their counts in {sink_topic}")
