@@ -223,9 +223,10 @@ class Chaos:
 
     # -- faults ---------------------------------------------------------------------------------
 
-    def count(self, kind: str) -> None:
+    def count(self, kind: str, at: float) -> None:
+        """One more fault of `kind`, made at `at` (unix seconds)."""
         self.faults[kind] = self.faults.get(kind, 0) + 1
-        self.fault_moments.append(time.time())
+        self.fault_moments.append(at)
 
     def lose_executor(self, timeout_s: float) -> None:
         t = self.target
@@ -234,7 +235,7 @@ class Chaos:
         victim = before[self.faults.get("executor", 0) % len(before)]
         deleted_at = time.time()
         self.cluster.delete_pod(t.namespace, victim)
-        self.count("executor")
+        self.count("executor", deleted_at)
         self.read_for_good.append(("executor-loss on schedule for good", deleted_at))
         print(f"- deleted executor pod {victim} during batch {running}", flush=True)
 
@@ -284,7 +285,7 @@ class Chaos:
         name, uid = self.driver_pod()
         deleted_at = time.time()
         self.cluster.delete_pod(t.namespace, name)
-        self.count("driver")
+        self.count("driver", deleted_at)
         print(f"- deleted driver pod {name}", flush=True)
         self._await_new_driver({uid}, deleted_at, kind, timeout_s)
 
@@ -339,7 +340,7 @@ class Chaos:
         standby = wait_for("a warm standby", lambda: self._warm_standby(name), timeout_s, 2)
         killed_at = time.time()
         self.cluster.delete_pod(t.namespace, name, grace_seconds=0)
-        self.count("leader")
+        self.count("leader", killed_at)
         self.read_for_good.append((f"{kind}: on schedule for good", killed_at))
         print(f"- killed the leading driver pod {name}; {standby} stands by", flush=True)
 
@@ -427,7 +428,7 @@ class Chaos:
         deleted_at = time.time()
         for pod in pods:
             self.cluster.delete_pod(t.namespace, pod.metadata.name)
-        self.count("driver")
+        self.count("driver", deleted_at)
         print(f"- deleted both driver pods {[p.metadata.name for p in pods]}", flush=True)
         self._await_new_driver(uids, deleted_at, "both drivers lost: restart", timeout_s)
 
@@ -437,7 +438,7 @@ class Chaos:
         assert leader, f"no operator holds Lease {t.operator_namespace}/{t.lease}"
         deleted_at = time.time()
         self.cluster.delete_pod(t.operator_namespace, leader)
-        self.count("operator")
+        self.count("operator", deleted_at)
         print(f"- deleted the leading operator pod {leader}", flush=True)
         wait_for(
             "another operator holding the leader Lease",
