@@ -6,7 +6,9 @@ Figures (seconds):
   (`Snapshot.waits_for_schedule`), what "back on schedule" below is read against;
 - executor loss: the largest batch delay (batch time -> commit) among the batches that were
   running or started before the job was back on schedule (the spike), and the time from the
-  deletion until a batch started after it committed on schedule again;
+  deletion until a batch started after it committed on schedule again, and (read once the run
+  is over, `figures_for_good`) until the job was on schedule for good, every batch up to the
+  next fault within the same bound;
 - driver loss: from the deletion to the first batch committed by the new driver, with every
   phase of the new leader's recovery timeline from its log (its pod's start included), and
   the steps of each of its executor pods' start (e2e/chaos/startup.py);
@@ -14,9 +16,10 @@ Figures (seconds):
   holder) is deleted with no grace period (the API object goes at once; the kubelet still sends
   SIGTERM and kills 2 s later, so a leader that releases the Lease in that time hands over at
   once, else the standby takes over once the Lease expires): from the kill to the standby holding the Lease,
-  to its first committed batch, and to a batch on schedule again; the new leader's recovery
-  timeline (lead taken, state restored) is read from its log; then the operator must replace
-  the victim (a new pod running). Before each kill the standby is warm (its log says so);
+  to its first committed batch, and to a batch on schedule again (and for good, as above); the
+  new leader's recovery timeline (lead taken, state restored) is read from its log; then the
+  operator must replace the victim (a new pod running). Before each kill the standby is warm
+  (its log says so);
 - with a standby, the pair's loss: both driver pods deleted at once, so the job's restart path
   applies as without a standby (measured as a driver loss);
 - operator loss: from the deletion of the leading operator's pod (the chart runs two, one
