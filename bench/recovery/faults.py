@@ -154,11 +154,10 @@ def summarize(
 
     def for_good(bound: float) -> float | None:
         """Seconds from the fault to the end of the first batch from which on every delay is
-        within `bound`."""
-        for i, batch in enumerate(later):
-            if all(delay(b) <= bound for b in later[i:]):
-                return (batch["end_ms"] - fault_ms) / 1000
-        return None
+        within `bound`: the one after the last batch over it."""
+        late = [i for i, b in enumerate(later) if delay(b) > bound]
+        first = late[-1] + 1 if late else 0
+        return (later[first]["end_ms"] - fault_ms) / 1000 if first < len(later) else None
 
     recovery_s = for_good(baseline + RECOVERED_MS)
     return {

@@ -63,10 +63,9 @@ class Snapshot:
             for t in sorted(self.commits)
             if t / 1000 > epoch_s and (until_s is None or self.commits[t] < until_s)
         ]
-        for i, t in enumerate(due):
-            if all(self.delay(u) <= limit_s for u in due[i:]):
-                return t
-        return None
+        late = [i for i, t in enumerate(due) if self.delay(t) > limit_s]
+        first = late[-1] + 1 if late else 0
+        return due[first] if first < len(due) else None
 
     def waits_for_schedule(
         self, times: list[int], limit_s: float, step_s: float = 0.1
