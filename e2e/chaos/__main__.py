@@ -18,6 +18,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
+
 from e2e.chaos.cluster import (
     DEADLINE,
     Cluster,
@@ -218,13 +220,28 @@ def run_faults(chaos: Chaos, args: argparse.Namespace) -> None:
 
 def check_pod_templates(cluster: Cluster, target: Target) -> None:
     """The pod templates reached pods a kubelet runs: the driver's through the operator, the
-    executors' through Spark's own pod-template support (the hollow node runs no executor)."""
+    executors' through Spark's own pod-template support (the hollow node runs no executor),
+    and each executor pod is owned by its driver pod, which the driver adds to that template."""
     for role in ("driver", "executor"):
         pods = cluster.job_pods(target.namespace, target.job, role)
         missing = [p.metadata.name for p in pods if p.metadata.labels.get(TEMPLATE_LABEL) != role]
         if not pods or missing:
             raise RuntimeError(f"{role} pods without their template's label: {missing or 'none'}")
-    say("pod templates: the driver's and the executors' labels are on their pods")
+    orphans = [
+        pod.metadata.name
+        for pod in cluster.job_pods(target.namespace, target.job, "executor")
+        if not owned_by_its_driver(pod)
+    ]
+    if orphans:
+        raise RuntimeError(f"executor pods not owned by their driver pod: {orphans}")
+    say("pod templates: the driver's and the executors' labels are on their pods, executors owned")
+
+
+def owned_by_its_driver(executor: client.V1Pod) -> bool:
+    """Whether the executor pod's controller is the driver pod it is named after."""
+    driver = executor.metadata.name.rsplit("-exec-", 1)[0]
+    owners = executor.metadata.owner_references or []
+    return any(o.kind == "Pod" and o.name == driver and o.controller for o in owners)
 
 
 def diagnose(cluster: Cluster, args: argparse.Namespace) -> None:

@@ -2,7 +2,9 @@
 
 Every object carries the `dstream.dev/job` label and an ownerReference to the StreamingJob, so
 deleting the job lets the garbage collector delete them; executors are owned by the driver pod
-(Spark sets that up from `spark.kubernetes.driver.pod.name`) and go with it.
+and go with it (the driver adds itself to their pod template as their owner, dstream's
+`service/executor_owner.py`: Spark's own way, `spark.kubernetes.driver.pod.name`, would first
+wait a second for a pod that turns ready only after its first batch).
 """
 
 from __future__ import annotations
@@ -548,7 +550,6 @@ def spark_conf(job: StreamingJob, owner: Owner, pod: str | None = None) -> dict[
         "spark.kubernetes.namespace": owner.namespace,
         "spark.kubernetes.container.image": spec.image,
         "spark.kubernetes.container.image.pullPolicy": spec.image_pull_policy,
-        "spark.kubernetes.driver.pod.name": pod,
         "spark.kubernetes.executor.podNamePrefix": executor_pod_prefix(pod),
         f"spark.kubernetes.executor.label.{JOB_LABEL}": owner.name,
         f"spark.kubernetes.executor.label.{ROLE_LABEL}": "executor",
@@ -796,7 +797,7 @@ def _generated_driver_pod(
         "env": [
             _field_env("POD_IP", "status.podIP"),
             _field_env("POD_NAME", "metadata.name"),
-            _field_env("POD_UID", "metadata.uid"),  # with the name, its identity in a Lease
+            _field_env("POD_UID", "metadata.uid"),  # its identity in a Lease, its executors' owner
             _field_env("POD_NAMESPACE", "metadata.namespace"),
             {"name": "DSTREAM_API_TOKEN_FILE", "value": API_TOKEN_FILE},
             *_secret_env(job),

@@ -42,7 +42,8 @@ each kill).
 soak` runs all three feeds with 20 + 20 and a 20 s outage, `make soak-standby` the same with
 standby drivers (SOAK_DRIVER_KILLS, SOAK_EXECUTOR_KILLS, SOAK_OUTAGE_S, SOAK_FEEDS;
 SOAK_DURATION_S stretches the runs over at least that many seconds; DSTREAM_FAULT_SEED replays a
-schedule).
+schedule; SOAK_MASTER runs the drivers on another master, such as `dstream run`'s default
+`local[2]`, which has no executor JVMs to kill).
 Recovery is the time from a driver kill to the first batch the next run commits: without a
 standby it includes starting the JVM and both executors. With one, the line adds the kills that
 found the standby warm (`warm_kills`) and the recoveries measured after them
@@ -95,6 +96,7 @@ from servers import RedisServer
 
 DURATION_S = float(os.environ.get("SOAK_DURATION_S", "0"))
 FEEDS = os.environ.get("SOAK_FEEDS", "redis,kafka,files+standby").split(",")
+MASTER = os.environ.get("SOAK_MASTER", "local-cluster[2,1,1024]")
 STANDBY = "+standby"  # a feed's suffix: each run's driver leads with a hot standby beside it
 DEATHS = ("random", "random", "before-commit", "commit-write", "batch-record-write")
 POLICY = {"retries": 8, "backoffSeconds": 1}  # retries until 255 s after the first failure
@@ -597,7 +599,7 @@ def start_driver(job: FeedJob, fault: str | None = None, standby: bool = False) 
     env = {"SPARK_LOCAL_IP": "127.0.0.1"}
     if fault:
         env["DSTREAM_FAULT_INJECT"] = fault
-    args = ("--master", "local-cluster[2,1,1024]") + (("--standby",) if standby else ())
+    args = ("--master", MASTER) + (("--standby",) if standby else ())
     return Driver(job.manifest, *args, env=env, log=job.root / "driver.log").start()
 
 
@@ -613,6 +615,10 @@ def next_batch(driver: Driver) -> float:
 
 
 def kill_executors(driver: Driver, job: FeedJob, run: Run, rng: random.Random, tally: Tally):
+    if run.executor_kills and not MASTER.startswith("local-cluster"):
+        raise ValueError(
+            f"SOAK_MASTER={MASTER} has no executor JVMs to kill: set SOAK_EXECUTOR_KILLS=0"
+        )
     for _ in range(run.executor_kills):
         executors = wait_until(lambda: executor_pids(driver.pid), STEP_TIMEOUT_S)
         time.sleep(rng.uniform(0, job.batch_s))  # somewhere inside a batch

@@ -162,7 +162,8 @@ def test_spark_is_configured_for_kubernetes_client_mode():
     assert conf["spark.blockManager.port"] == "7079"
     assert conf["spark.kubernetes.namespace"] == "jobs"
     assert conf["spark.kubernetes.container.image"] == "dstream:latest"
-    assert conf["spark.kubernetes.driver.pod.name"] == "wc-driver-1"
+    # The driver owns its executors through their template (executor_owner), not the name.
+    assert "spark.kubernetes.driver.pod.name" not in conf
     assert conf["spark.kubernetes.executor.podNamePrefix"] == "wc-driver-1"
     assert conf["spark.kubernetes.executor.label.dstream.dev/job"] == "wc"
     assert conf["spark.executor.instances"] == "3"

@@ -21,7 +21,7 @@ from dstream.runtime.failure import BatchFailedError
 from dstream.runtime.fencing import DeposedError, move_aside_keeping_epoch
 from dstream.runtime.scheduler import BatchInfo, BatchScheduler
 from dstream.runtime.task_errors import raised_in_task
-from dstream.service import jvm_archive
+from dstream.service import executor_owner, jvm_archive
 from dstream.service.apps import build_app
 from dstream.service.metrics import StreamingMetrics
 from dstream.sources import SourceError
@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> SparkConf:
     """Spark settings the spec implies, then the spec's sparkConf, then command-line overrides;
-    the JVMs' class archive, if the installation has one, added to their options."""
+    the JVMs' class archive, if the installation has one, added to their options; in a pod, its
+    executors owned by it (executor_owner)."""
     spec = job.spec
     settings: dict[str, str] = {
         **pydaemon.SPARK_CONF,
@@ -65,7 +66,7 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
     settings.update(extra)
     conf = SparkConf().setAll(list(jvm_archive.with_archive(settings).items()))
     conf.setMaster(master or conf.get("spark.master", "local[2]"))
-    return conf
+    return conf.setAll(list(executor_owner.owner_settings(conf.getAll()).items()))
 
 
 def build_context(job: StreamingJob, sc: SparkContext) -> StreamingContext:
