@@ -272,7 +272,7 @@ def report(chaos: Chaos, verdict: Verdict, max_drivers: int, path: Path | None) 
     if path:
         document = {
             "faults": chaos.faults,
-            "figures": chaos.figures.values,
+            "figures": chaos.figures.as_json(),
             "notes": chaos.figures.notes,
             "baselineDelaySeconds": chaos.baseline_delay,
             "faultFreeOnScheduleSeconds": {"p50": p50, "p90": p90},

@@ -96,6 +96,14 @@ class Figures:
         self.notes.append(text)
         print(f"  {text}", flush=True)
 
+    def as_json(self) -> dict[str, list[float | None]]:
+        """The values for a JSON report: a fault never back (inf) is null, since strict JSON
+        has no Infinity."""
+        return {
+            kind: [v if math.isfinite(v) else None for v in values]
+            for kind, values in self.values.items()
+        }
+
     def summary(self) -> list[str]:
         return [
             f"{kind}: count={len(v)} p50={statistics.median(v):.1f}s "

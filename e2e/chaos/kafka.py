@@ -91,7 +91,7 @@ class KafkaVerdict:
     duplicated: int = 0
     epochs: list[str] = field(default_factory=list)
     faults: dict[str, int] = field(default_factory=dict)
-    figures: dict[str, list[float]] = field(default_factory=dict)
+    figures: dict[str, list[float | None]] = field(default_factory=dict)  # null: never back
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -297,7 +297,7 @@ class KafkaScenario:
         verdict.epochs = sorted(epochs)
         if observer.snapshot().max_drivers > 1:
             verdict.problems.append(f"{observer.snapshot().max_drivers} live driver pods at once")
-        verdict.faults, verdict.figures = chaos.faults, chaos.figures.values
+        verdict.faults, verdict.figures = chaos.faults, chaos.figures.as_json()
         for figure in chaos.figures.summary():
             say(f"kafka: {figure}")
         faults = ", ".join(f"{kind}={n}" for kind, n in chaos.faults.items())

@@ -1,8 +1,9 @@
 """The chaos suite's readings that need no cluster: the figures read once a run is over."""
 
+import json
 import math
 
-from e2e.chaos.faults import Chaos, Target
+from e2e.chaos.faults import Chaos, Figures, Target
 from e2e.chaos.observer import Snapshot
 
 
@@ -24,3 +25,11 @@ def test_each_fault_is_read_for_good_up_to_the_next_one_not_up_to_itself():
         "executor-loss on schedule for good: 23.5 s (up to the next fault)",
         "executor-loss on schedule for good: inf s (up to the end of the run)",
     ]
+
+
+def test_a_fault_never_back_is_null_in_the_json_report_not_infinity():
+    figures = Figures()
+    figures.add("executor-loss on schedule for good", 23.5, "up to the next fault")
+    figures.add("executor-loss on schedule for good", math.inf, "up to the end of the run")
+    text = json.dumps(figures.as_json(), allow_nan=False)  # strict JSON: raises on Infinity
+    assert json.loads(text) == {"executor-loss on schedule for good": [23.5, None]}
