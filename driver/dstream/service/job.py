@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> SparkConf:
     """Spark settings the spec implies, then the spec's sparkConf, then command-line overrides;
     the JVMs' class archive, if the installation has one, added to their options; in a pod, its
-    executors owned by it (executor_owner)."""
+    executors owned by it (executor_owner); on Kubernetes, the driver's JVM without C2."""
     spec = job.spec
     settings: dict[str, str] = {
         **pydaemon.SPARK_CONF,
@@ -66,7 +66,26 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
     settings.update(extra)
     conf = SparkConf().setAll(list(jvm_archive.with_archive(settings).items()))
     conf.setMaster(master or conf.get("spark.master", "local[2]"))
-    return conf.setAll(list(executor_owner.owner_settings(conf.getAll()).items()))
+    conf.setAll(list(executor_owner.owner_settings(conf.getAll()).items()))
+    return conf.setAll(list(driver_jit_settings(conf.getAll()).items()))
+
+
+# The driver's JVM on Kubernetes: C1 only (HotSpot's quick compiler; a job's own option after it
+# wins, as the JVM takes the last).
+DRIVER_JIT = "-XX:TieredStopAtLevel=1"
+
+
+def driver_jit_settings(conf: list[tuple[str, str]]) -> dict[str, str]:
+    """On Kubernetes the driver's JVM runs no task: it schedules, and its hot code is Spark's
+    bookkeeping, which C1 compiles well enough. HotSpot's C2 compiler took 10-20 CPU-seconds in
+    its first 20 s (`-XX:+CITime`), on the cores the executors starting beside it after a
+    restart need (docs/fault-tolerance.md, "The driver's JVM without C2"). Elsewhere the driver's
+    JVM may run the tasks (`local[N]`) and keeps both compilers."""
+    settings = dict(conf)
+    if not settings.get("spark.master", "").startswith("k8s://"):
+        return {}
+    key = "spark.driver.extraJavaOptions"
+    return {key: f"{DRIVER_JIT} {settings.get(key, '')}".strip()}
 
 
 def build_context(job: StreamingJob, sc: SparkContext) -> StreamingContext:

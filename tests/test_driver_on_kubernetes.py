@@ -1,6 +1,7 @@
-"""A driver pod owns its executors through their pod template, not Spark's driver pod name
-(which costs every start a second's wait for the pod's readiness): the settings' logic here,
-Spark's own use of them against a real API server in tests/k8s/test_executor_owner.py."""
+"""What a driver adds to its Spark settings on Kubernetes: its pod as the owner of its executors
+through their pod template, not Spark's driver pod name (which costs every start a second's
+wait for the pod's readiness; Spark's own use of the template against a real API server is
+tests/k8s/test_executor_owner.py), and its JVM without C2."""
 
 from __future__ import annotations
 
@@ -100,3 +101,13 @@ def test_the_drivers_spark_settings_carry_the_owned_template(in_a_pod):
     assert conf.get("spark.kubernetes.driver.pod.name") is None
     template = yaml.safe_load(Path(conf.get(executor_owner.TEMPLATE_KEY)).read_text())
     assert template["metadata"]["ownerReferences"][0]["uid"] == "uid-3"
+
+
+def test_on_kubernetes_the_drivers_jvm_compiles_with_c1_only_unless_the_job_says_otherwise():
+    job = StreamingJob.model_validate(yaml.safe_load(WORDCOUNT.read_text()))
+    job.spec.spark_conf["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=4"
+    options = spark_conf(job, K8S, {}).get("spark.driver.extraJavaOptions").split()
+    assert options[0] == "-XX:TieredStopAtLevel=1"
+    assert options.index("-XX:TieredStopAtLevel=4") > 0  # the job's, later: the JVM takes it
+    local = spark_conf(job, "local[2]", {}).get("spark.driver.extraJavaOptions").split()
+    assert "-XX:TieredStopAtLevel=1" not in local  # the driver's JVM runs the tasks
