@@ -77,9 +77,9 @@ DRIVER_JIT = "-XX:TieredStopAtLevel=1"
 
 def driver_jit_settings(conf: list[tuple[str, str]]) -> dict[str, str]:
     """On Kubernetes the driver's JVM runs no task: it schedules, and its hot code is Spark's
-    bookkeeping, which C1 compiles well enough. HotSpot's C2 compiler took 10-20 CPU-seconds in
-    its first 20 s (`-XX:+CITime`), on the cores the executors starting beside it after a
-    restart need (docs/fault-tolerance.md, "The driver's JVM without C2"). Elsewhere the driver's
+    bookkeeping, which C1 compiles well enough. HotSpot's C2 compiler spent 10-20 s compiling
+    in a driver's first 20 s (`-XX:+CITime`), on the cores the executors starting beside it
+    after a restart need (docs/fault-tolerance.md, "The driver's JVM without C2"). Elsewhere the driver's
     JVM may run the tasks (`local[N]`) and keeps both compilers."""
     settings = dict(conf)
     if not settings.get("spark.master", "").startswith("k8s://"):
