@@ -81,6 +81,8 @@ def start_driver(
         "spark.executor.instances": "1",
         "spark.driver.host": "127.0.0.1",
         "spark.ui.enabled": "false",
+        # As dstream's drivers (service/job.py): no wait for executors, which never register here.
+        "spark.scheduler.minRegisteredResourcesRatio": "0",
     }
     env = os.environ | {"POD_NAME": DRIVER, "POD_UID": uid, "KUBECONFIG": str(cluster.kubeconfig)}
     return subprocess.Popen(
