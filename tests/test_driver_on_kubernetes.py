@@ -5,6 +5,7 @@ tests/k8s/test_executor_owner.py), and its JVM without C2."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,10 @@ OPERATOR_TEMPLATE = {
 
 
 @pytest.fixture
-def in_a_pod(monkeypatch):
+def in_a_pod(monkeypatch, tmp_path):
     monkeypatch.setenv("POD_NAME", "wc-driver-3")
     monkeypatch.setenv("POD_UID", "uid-3")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the driver writes its copy
 
 
 def written(settings: dict[str, str]) -> dict:
