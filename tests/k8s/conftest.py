@@ -9,12 +9,15 @@ fixture started it; a cluster that was already up (say, started by CI before pyt
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -57,6 +60,15 @@ class LocalCluster:
             if event["type"] != "DELETED" and event["object"].secrets:
                 return name
         raise TimeoutError(f"namespace {name}: no token for ServiceAccount default")
+
+    @contextlib.contextmanager
+    def namespace(self, prefix: str) -> Iterator[str]:
+        """A namespace of its own (`<prefix>-<random>`) for a test or module, deleted after."""
+        name = self.create_namespace(f"{prefix}-{uuid.uuid4().hex[:6]}")
+        try:
+            yield name
+        finally:
+            self.core.delete_namespace(name)
 
     def apply_crds(self, path: pathlib.Path, timeout_seconds: float = 60) -> list[str]:
         """Creates the CRDs of a YAML file, or replaces older copies left on a long-lived

@@ -14,17 +14,10 @@ pytestmark = pytest.mark.k8s
 WAIT_SECONDS = 60
 
 
-def _unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
 @pytest.fixture
 def namespace(k8s_cluster):
-    name = k8s_cluster.create_namespace(_unique("dstream-test"))
-    try:
+    with k8s_cluster.namespace("dstream-test") as name:
         yield name
-    finally:
-        k8s_cluster.core.delete_namespace(name)
 
 
 def test_api_server_is_kubernetes_1_20(k8s_cluster):

@@ -12,7 +12,6 @@ test, fault/harness.py).
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -34,11 +33,8 @@ STEP_TIMEOUT_S = 180
 
 @pytest.fixture(scope="module")
 def lease_namespace(k8s_cluster: LocalCluster) -> Iterator[str]:
-    name = k8s_cluster.create_namespace(f"dstream-lease-{uuid.uuid4().hex[:6]}")
-    try:
+    with k8s_cluster.namespace("dstream-lease") as name:
         yield name
-    finally:
-        k8s_cluster.core.delete_namespace(name)
 
 
 def candidate(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,11 +45,8 @@ sc.stop()
 
 @pytest.fixture(scope="module")
 def namespace(k8s_cluster: LocalCluster) -> Iterator[str]:
-    name = k8s_cluster.create_namespace(f"dstream-owner-{uuid.uuid4().hex[:6]}")
-    try:
+    with k8s_cluster.namespace("dstream-owner") as name:
         yield name
-    finally:
-        k8s_cluster.core.delete_namespace(name)
 
 
 def driver_pod(cluster: LocalCluster, namespace: str) -> client.V1Pod:

@@ -41,7 +41,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -327,11 +326,8 @@ def chart_crds(k8s_cluster: LocalCluster) -> list[str]:
 
 @pytest.fixture(scope="module")
 def namespace(k8s_cluster: LocalCluster, chart_crds: list[str]) -> Iterator[str]:
-    name = k8s_cluster.create_namespace(f"dstream-op-{uuid.uuid4().hex[:6]}")
-    try:
+    with k8s_cluster.namespace("dstream-op") as name:
         yield name
-    finally:
-        k8s_cluster.core.delete_namespace(name)
 
 
 @dataclasses.dataclass(frozen=True)

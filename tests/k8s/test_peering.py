@@ -85,11 +85,8 @@ def acts_on_a_job(cluster: LocalCluster, namespace: str, operator: OperatorProce
 @pytest.fixture(scope="module")
 def namespace(k8s_cluster: LocalCluster) -> Iterator[str]:
     k8s_cluster.apply_crds(STREAMINGJOB_CRD)
-    name = k8s_cluster.create_namespace(f"dstream-peer-{uuid.uuid4().hex[:6]}")
-    try:
+    with k8s_cluster.namespace("dstream-peer") as name:
         yield name
-    finally:
-        k8s_cluster.core.delete_namespace(name)
 
 
 @pytest.fixture
