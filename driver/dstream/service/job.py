@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> SparkConf:
     """Spark settings the spec implies, then the spec's sparkConf, then command-line overrides;
     the JVMs' class archive, if the installation has one, added to their options; in a pod, its
-    executors owned by it (executor_owner); on Kubernetes, the driver's JVM without C2."""
+    executors owned by it (executor_owner); the executors' JVMs without C2, and on Kubernetes
+    the driver's."""
     spec = job.spec
     settings: dict[str, str] = {
         **pydaemon.SPARK_CONF,
@@ -67,25 +68,25 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
     conf = SparkConf().setAll(list(jvm_archive.with_archive(settings).items()))
     conf.setMaster(master or conf.get("spark.master", "local[2]"))
     conf.setAll(list(executor_owner.owner_settings(conf.getAll()).items()))
-    return conf.setAll(list(driver_jit_settings(conf.getAll()).items()))
+    return conf.setAll(list(jit_settings(conf.getAll()).items()))
 
 
-# The driver's JVM on Kubernetes: C1 only (HotSpot's quick compiler; a job's own option after it
-# wins, as the JVM takes the last).
-DRIVER_JIT = "-XX:TieredStopAtLevel=1"
+# HotSpot's quick compiler only (C1, no C2); a job's own option after it wins, as the JVM takes
+# the last.
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 
-def driver_jit_settings(conf: list[tuple[str, str]]) -> dict[str, str]:
-    """On Kubernetes the driver's JVM runs no task: it schedules, and its hot code is Spark's
-    bookkeeping, which C1 compiles well enough. HotSpot's C2 compiler spent 10-20 s compiling
-    in a driver's first 20 s (`-XX:+CITime`), on the cores the executors starting beside it
-    after a restart need (docs/fault-tolerance.md, "The driver's JVM without C2"). Elsewhere the driver's
-    JVM may run the tasks (`local[N]`) and keeps both compilers."""
+def jit_settings(conf: list[tuple[str, str]]) -> dict[str, str]:
+    """The executors' JVMs, and on Kubernetes the driver's, compile with C1 only. After a restart
+    C2 competes for the cores with everything else a new executor does before its first commit,
+    and it bought no steady-state speed for dstream's jobs, whose records are handled in Python
+    while the JVM moves their bytes (docs/fault-tolerance.md, "The executors' JVMs without
+    C2"). In local mode the driver's JVM runs the tasks and keeps both compilers."""
     settings = dict(conf)
-    if not settings.get("spark.master", "").startswith("k8s://"):
-        return {}
-    key = "spark.driver.extraJavaOptions"
-    return {key: f"{DRIVER_JIT} {settings.get(key, '')}".strip()}
+    keys = ["spark.executor.extraJavaOptions"]
+    if settings.get("spark.master", "").startswith("k8s://"):
+        keys.append("spark.driver.extraJavaOptions")
+    return {key: f"{QUICK_JIT} {settings.get(key, '')}".strip() for key in keys}
 
 
 def build_context(job: StreamingJob, sc: SparkContext) -> StreamingContext:
