@@ -100,6 +100,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="with --standby: deletions of both drivers at once (the restart path)",
     )
     parser.add_argument("--operator-kills", type=int, default=1)
+    parser.add_argument(
+        "--restart-reset-seconds",
+        type=int,
+        help="the job's restartPolicy.resetAfterSeconds: below the time between driver losses, "
+        "each replacement starts at once, as after a lone loss (default: the spec's)",
+    )
     parser.add_argument("--deadline-seconds", type=float, default=1800, help="whole-suite limit")
     parser.add_argument("--report", type=Path, help="also write the figures as JSON here")
     parser.add_argument("--keep", action="store_true", help="leave the job and operator running")
@@ -181,7 +187,12 @@ def job_manifest(args: argparse.Namespace, storage: Storage) -> dict[str, Any]:
                 "spark.ui.enabled": "false",
             }
             | ({LEASE_DURATION: str(args.lease_seconds)} if args.standby else {}),
-            "restartPolicy": {"type": "Always", "maxRestarts": 10, "backoffSeconds": 1},
+            "restartPolicy": {"type": "Always", "maxRestarts": 10, "backoffSeconds": 1}
+            | (
+                {"resetAfterSeconds": args.restart_reset_seconds}
+                if args.restart_reset_seconds is not None
+                else {}
+            ),
         },
     }
 

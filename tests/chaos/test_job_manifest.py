@@ -1,0 +1,27 @@
+"""The chaos suite's job manifest is a valid StreamingJob, with the restart policy asked for."""
+
+from pathlib import Path
+
+from dstream.spec import RestartPolicy, StreamingJob
+
+from e2e.chaos.__main__ import job_manifest, parse_args
+from e2e.chaos.storage import HostPathStorage
+
+
+def manifest_of(*flags: str) -> StreamingJob:
+    args = parse_args(
+        ["--kubeconfig", "k", "--image", "dstream:e2e", "--host-path", "/node/run", *flags]
+    )
+    return StreamingJob.model_validate(
+        job_manifest(args, HostPathStorage("/node/run", Path("/node/run")))
+    )
+
+
+def test_each_replacement_starts_at_once_when_asked():
+    """--restart-reset-seconds sets how long a driver must have been ready for its loss to count
+    as a first one (restarted at once); without it the spec's default holds."""
+    asked = manifest_of("--restart-reset-seconds", "10", "--no-standby").spec.restart_policy
+    assert asked.reset_after_seconds == 10
+    assert asked.backoff_seconds == 1
+    default = manifest_of().spec.restart_policy
+    assert default.reset_after_seconds == RestartPolicy().reset_after_seconds
