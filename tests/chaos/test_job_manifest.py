@@ -1,10 +1,11 @@
-"""The chaos suite's job manifest is a valid StreamingJob, with the restart policy asked for."""
+"""The chaos suite's job: a valid StreamingJob with the restart policy asked for, and how its
+restart count is checked."""
 
 from pathlib import Path
 
 from dstream.spec import RestartPolicy, StreamingJob
 
-from e2e.chaos.__main__ import job_manifest, parse_args
+from e2e.chaos.__main__ import job_manifest, parse_args, restarts_counted
 from e2e.chaos.storage import HostPathStorage
 
 
@@ -25,3 +26,15 @@ def test_each_replacement_starts_at_once_when_asked():
     assert asked.backoff_seconds == 1
     default = manifest_of().spec.restart_policy
     assert default.reset_after_seconds == RestartPolicy().reset_after_seconds
+
+
+def test_status_restarts_must_count_every_loss_unless_the_count_may_reset():
+    exact = parse_args(["--kubeconfig", "k", "--image", "i", "--host-path", "/n"])
+    resetting = parse_args(
+        ["--kubeconfig", "k", "--image", "i", "--host-path", "/n", "--restart-reset-seconds", "10"]
+    )
+    assert restarts_counted({"restarts": 5}, 5, exact)
+    assert not restarts_counted({"restarts": 0}, 5, exact)
+    assert restarts_counted({"restarts": 0}, 5, resetting)
+    assert not restarts_counted({"restarts": 6}, 5, resetting)
+    assert not restarts_counted({}, 5, resetting)
