@@ -2,9 +2,10 @@
 chaos e2e (faultapp: counts, running totals, an incrementally kept window; the rate source at
 100 records/s; 6 s batches; state checkpoints every 3 batches) with a leader and a
 `dstream run --standby`, each on `local-cluster[2,1,1024]` (executors of its own) and the JVMs'
-full JIT, as on pods. For each kill: wait for the standby to be warm and for two batches of the
-leader on time, SIGKILL the leader's process group a random 0-5 s after its batch, and print a
-JSON line with the machine's load, the standby's timeline phases after the kill and its first
+compilers as `dstream run` sets them there (the test drivers' quick JIT undone: the executors
+C1 only, the driver both; on pods the driver runs C1 only too). For each kill: wait for the
+standby to be warm and for two batches of the leader on time, SIGKILL the leader's process
+group a random 0-5 s after its batch, and print a JSON line with the machine's load, the standby's timeline phases after the kill and its first
 three batches: when each was due and committed (seconds after the kill), its processing time
 and its delay (commit minus batch time; a live leader's is its processing time), and whether
 it took over from the state it shadowed (runtime/shadow.py). Spark's event
@@ -91,7 +92,7 @@ class Pair:
             "spark.eventLog.dir": f"file://{events}",
             "spark.eventLog.compress": "false",
             "spark.dstream.lease.durationSeconds": "5",
-            "spark.driver.extraJavaOptions": "",  # the full JIT, as on pods
+            "spark.driver.extraJavaOptions": "",  # dstream run's own JIT settings
             "spark.executor.extraJavaOptions": "",
         }
         self.args = ["--master", "local-cluster[2,1,1024]"]
