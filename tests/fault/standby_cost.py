@@ -1,8 +1,9 @@
 """What a standby's shadow costs per batch, measured locally (docs/fault-tolerance.md, "What
 the standby costs"): the job of standby_takeover.py (faultapp on the rate source, 6 s batches,
 a leader and a `dstream run --standby`, each on `local-cluster[2,1,1024]` with executors of its
-own and the JVMs' full JIT), at `--rate` records/s. Once the standby is warm (its shadow caught
-up with the leader) and a batch of the leader ran on time, for `--batches` batches:
+own and the JVMs' JIT as `dstream run` sets it there: the executors C1 only), at `--rate`
+records/s. Once the standby is warm (its shadow caught up with the leader) and a batch of the
+leader ran on time, for `--batches` batches:
 
 - at each commit of the leader, the CPU time (user + system, from /proc) of each driver's
   processes is sampled, split into the driver (its Python and its JVM), the executors'
