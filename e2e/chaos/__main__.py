@@ -230,11 +230,10 @@ def run_faults(chaos: Chaos, args: argparse.Namespace) -> None:
         chaos.settle(2, 300)
 
 
-def restarts_counted(status: dict[str, Any], losses: int, args: argparse.Namespace) -> bool:
-    """The operator counted every driver loss; with --restart-reset-seconds a stable run since
-    resets the count, so it may be lower, never higher."""
-    restarts = status.get("restarts")
-    if args.restart_reset_seconds is None:
+def restarts_counted(restarts: Any, losses: int, may_reset: bool) -> bool:
+    """The operator counted every driver loss; where a stable run resets the count
+    (--restart-reset-seconds), it may be lower, never higher."""
+    if not may_reset:
         return restarts == losses
     return isinstance(restarts, int) and 0 <= restarts <= losses
 
@@ -359,10 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     if snapshot.max_drivers > drivers:
         verdict.problems.append(f"{snapshot.max_drivers} live driver pods at once")
     status = cluster.streaming_job(args.namespace, JOB).get("status") or {}
-    if failure is None and not restarts_counted(status, chaos.faults.get("driver", 0), args):
+    losses = chaos.faults.get("driver", 0)
+    may_reset = args.restart_reset_seconds is not None
+    if failure is None and not restarts_counted(status.get("restarts"), losses, may_reset):
         verdict.problems.append(
-            f"status.restarts is {status.get('restarts')}, but "
-            f"{chaos.faults.get('driver', 0)} drivers were lost"
+            f"status.restarts is {status.get('restarts')}, but {losses} drivers were lost"
         )
     if not status.get("lastBatchTime"):
         verdict.problems.append("status.lastBatchTime unset: the operator cannot read the driver")

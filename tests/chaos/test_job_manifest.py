@@ -29,12 +29,8 @@ def test_each_replacement_starts_at_once_when_asked():
 
 
 def test_status_restarts_must_count_every_loss_unless_the_count_may_reset():
-    exact = parse_args(["--kubeconfig", "k", "--image", "i", "--host-path", "/n"])
-    resetting = parse_args(
-        ["--kubeconfig", "k", "--image", "i", "--host-path", "/n", "--restart-reset-seconds", "10"]
-    )
-    assert restarts_counted({"restarts": 5}, 5, exact)
-    assert not restarts_counted({"restarts": 0}, 5, exact)
-    assert restarts_counted({"restarts": 0}, 5, resetting)
-    assert not restarts_counted({"restarts": 6}, 5, resetting)
-    assert not restarts_counted({}, 5, resetting)
+    assert restarts_counted(5, 5, may_reset=False)
+    assert not restarts_counted(0, 5, may_reset=False)
+    assert restarts_counted(0, 5, may_reset=True)
+    assert not restarts_counted(6, 5, may_reset=True)
+    assert not restarts_counted(None, 5, may_reset=True)
