@@ -42,7 +42,7 @@ def test_the_archive_goes_to_the_driver_and_executor_jvms_after_the_jobs_options
     # a SparkConf starts from a running JVM's settings (the test session's, its JIT option)
     assert conf.get("spark.driver.extraJavaOptions").endswith(f"-XX:SharedArchiveFile={archive}")
     assert conf.get("spark.executor.extraJavaOptions") == (
-        f"-Dmine=1 -XX:SharedArchiveFile={archive}"
+        f"-XX:TieredStopAtLevel=1 -Dmine=1 -XX:SharedArchiveFile={archive}"
     )
 
 

@@ -78,7 +78,8 @@ EXECUTOR_ENV = {
 # What a driver in the image gives its executors for the class archive (spark_conf).
 EXECUTOR_ARCHIVE_SETTINGS = (
     "import json; from dstream.service.jvm_archive import with_archive;"
-    "print(json.dumps(with_archive({})))"
+    "from dstream.service.job import jit_settings;"
+    "print(json.dumps(with_archive(jit_settings([]))))"
 )
 
 
@@ -100,19 +101,23 @@ def test_java_home_is_set_so_the_entrypoint_starts_no_jvm_to_find_it(image):
 
 def test_an_executor_jvm_takes_sparks_classes_from_the_images_archive(image):
     """The archive made at the image's build, given to an executor the way a driver in the
-    image gives it (its options as SPARK_JAVA_OPT_n, its class path as SPARK_CLASSPATH, which
-    Spark sets from spark.executor.extraClassPath): the executor JVM the entrypoint starts maps
-    it, so the class path the archive was made with heads the one the entrypoint builds."""
+    image gives it (its options, C1 only among them, as SPARK_JAVA_OPT_n, its class path as
+    SPARK_CLASSPATH, which Spark sets from spark.executor.extraClassPath): the executor JVM the
+    entrypoint starts maps it, so the class path the archive was made with heads the one the
+    entrypoint builds, and the JIT option does not keep the JVM from mapping it."""
     found = image.run("python", "-c", EXECUTOR_ARCHIVE_SETTINGS)
     assert found.returncode == 0, found.stderr
     settings = json.loads(found.stdout)
     options = settings["spark.executor.extraJavaOptions"].split()
-    assert options == ["-XX:SharedArchiveFile=/opt/venv/share/dstream/spark-classes.jsa"]
+    assert options == [
+        "-XX:TieredStopAtLevel=1",
+        "-XX:SharedArchiveFile=/opt/venv/share/dstream/spark-classes.jsa",
+    ]
     env = {
         **EXECUTOR_ENV,
         "SPARK_CLASSPATH": settings["spark.executor.extraClassPath"],
-        "SPARK_JAVA_OPT_0": options[0],
-        "SPARK_JAVA_OPT_1": "-Xlog:class+load=info",
+        **{f"SPARK_JAVA_OPT_{n}": option for n, option in enumerate(options)},
+        f"SPARK_JAVA_OPT_{len(options)}": "-Xlog:class+load=info",
     }
     result = image.run("executor", env=env, timeout=240)
     archived = "source: shared objects file (top)"
