@@ -1,7 +1,7 @@
 """What a driver adds to its Spark settings on Kubernetes: its pod as the owner of its executors
 through their pod template, not Spark's driver pod name (which costs every start a second's
 wait for the pod's readiness; Spark's own use of the template against a real API server is
-tests/k8s/test_executor_owner.py), and its JVM without C2."""
+tests/k8s/test_executor_owner.py), and its JVM without C2, as its executors' (on every master)."""
 
 from __future__ import annotations
 

@@ -7,10 +7,10 @@ C1 only, the driver both; on pods the driver runs C1 only too). For each kill: w
 standby to be warm and for two batches of the leader on time, SIGKILL the leader's process
 group a random 0-5 s after its batch, and print a JSON line with the machine's load, the
 standby's timeline phases after the kill and its first three batches: when each was due and
-committed (seconds after the kill), its processing time
-and its delay (commit minus batch time; a live leader's is its processing time), and whether
-it took over from the state it shadowed (runtime/shadow.py). Spark's event
-log of every driver is kept under DIR/events (jobs, stages, tasks).
+committed (seconds after the kill), its processing time and its delay (commit minus batch
+time; a live leader's is its processing time), and whether it took over from the state it
+shadowed (runtime/shadow.py). Spark's event log of every driver is kept under DIR/events
+(jobs, stages, tasks).
 
     .venv/bin/python tests/fault/standby_takeover.py DIR [--kills N] [--baseline-code DIR2]
 
