@@ -308,9 +308,10 @@ async def test_checkpoint_deletion_uses_a_finalizer_and_a_cleanup_pod(operator):
 async def test_pods_are_filtered_by_label_on_the_api_server(operator):
     """kopf's `labels=` on a handler filters on the client; the watch itself asks the API
     server for the job's driver and executor pods only (kopf's label_selectors setting)."""
-    watches = [r for r in operator["get"] if "/pods" in str(r.url) and "watch" in str(r.url)]
-    assert watches
-    for request in watches:
+    def pod_watches() -> list:
+        return [r for r in operator["get"] if "/pods" in str(r.url) and "watch" in str(r.url)]
+
+    for request in await wait_for(pod_watches):  # kopf starts its watches one by one
         assert request.url.query.get("labelSelector") == (
             "dstream.dev/job,dstream.dev/role in (driver,executor)"
         )
