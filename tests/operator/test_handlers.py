@@ -308,6 +308,7 @@ async def test_checkpoint_deletion_uses_a_finalizer_and_a_cleanup_pod(operator):
 async def test_pods_are_filtered_by_label_on_the_api_server(operator):
     """kopf's `labels=` on a handler filters on the client; the watch itself asks the API
     server for the job's driver and executor pods only (kopf's label_selectors setting)."""
+
     def pod_watches() -> list:
         return [r for r in operator["get"] if "/pods" in str(r.url) and "watch" in str(r.url)]
 
