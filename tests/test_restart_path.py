@@ -117,3 +117,45 @@ def test_the_driver_and_executor_jvms_load_spark_from_the_installations_archive(
     executor = executor_log.read_text()
     assert f"org.apache.spark.executor.Executor {ARCHIVED}" in executor
     assert f"org.apache.spark.shuffle.sort.SortShuffleManager {ARCHIVED}" in executor
+
+
+# A driver with a Kubernetes master, against the archive's own stand-in API server, logging
+# where its classes came from, until Spark has asked for an executor pod.
+KUBERNETES_DRIVER = textwrap.dedent(
+    """
+    import sys
+    from pyspark import SparkConf, SparkContext
+    from dstream.service import jvm_archive
+
+    with jvm_archive.refusing_api_server() as (url, asked_for_pod):
+        settings = jvm_archive.with_archive({
+            **jvm_archive.KUBERNETES_DUMP_SETTINGS,
+            "spark.driver.extraJavaOptions": f"-Xlog:class+load=info:file={sys.argv[1]}",
+        })
+        sc = SparkContext(conf=SparkConf().setAll(list(settings.items())).setMaster(f"k8s://{url}"))
+        assert asked_for_pod.wait(120)
+        sc.stop()
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_driver_on_kubernetes_loads_sparks_kubernetes_backend_from_the_archive(tmp_path):
+    """A driver in a pod loads about two thousand classes a local one does not: the archive's
+    run loads them too (jvm_archive.load_kubernetes_backend)."""
+    driver_log = tmp_path / "driver.log"
+    subprocess.run(
+        [sys.executable, "-c", KUBERNETES_DRIVER, str(driver_log)],
+        check=True,
+        timeout=180,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+    )
+    loaded = driver_log.read_text()
+    for name in (
+        "org.apache.spark.scheduler.cluster.k8s.KubernetesClusterSchedulerBackend",
+        "org.apache.spark.scheduler.cluster.k8s.ExecutorPodsAllocator",
+        "io.fabric8.kubernetes.client.impl.KubernetesClientImpl",
+        "io.vertx.core.impl.VertxImpl",
+    ):
+        assert f"{name} {ARCHIVED}" in loaded, name

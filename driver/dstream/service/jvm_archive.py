@@ -13,7 +13,8 @@ setup` runs it for the project's virtualenv, the image's build for the image), a
 that installation (`<sys.prefix>/share/dstream/spark-classes.jsa`), because the JVM records the
 path, size and time of every jar it took classes from, and maps the archive only for a class
 path that begins with those same jars, in the same order. It comes from a run in local mode,
-where the driver's JVM also runs the tasks, so that one archive holds the classes of both roles;
+where the driver's JVM also runs the tasks, so that one archive holds the classes of both roles,
+and then, in the same JVM, from a SparkContext with a Kubernetes master, for a driver pod's own;
 `spark_conf` gives it to the driver and to the executors (the same jars, on the same machine or
 in the same image), with Spark's jars listed one by one at the head of their class paths
 (`class_path`). A JVM that cannot use it (the jars or the JDK changed since) starts as it would
@@ -23,14 +24,18 @@ without it.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.server
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 # Where to find the archive instead of the installation's own (empty: use none).
 ENV = "DSTREAM_JVM_ARCHIVE"
@@ -123,7 +128,8 @@ def command_lines() -> list[bytes]:
 def dump_run(partial: Path) -> None:
     """The work whose classes the archive keeps: a SparkContext in local mode (driver and tasks
     in one JVM) running a stateful batch's kinds of jobs, as the standby's warm-up does, and a
-    state checkpoint written and read back, as a restart's recovery does."""
+    state checkpoint written and read back, as a restart's recovery does; then Spark's
+    Kubernetes backend (load_kubernetes_backend)."""
     from pyspark import SparkConf, SparkContext
 
     from dstream.runtime import pools
@@ -153,6 +159,76 @@ def dump_run(partial: Path) -> None:
         lines.write_text("a line of input\n" * 100)
         sc.textFile(str(lines)).map(str.split).count()
     sc.stop()
+    load_kubernetes_backend()
+
+
+def load_kubernetes_backend() -> None:
+    """A SparkContext with a Kubernetes master, in the dump run's JVM, until its executor
+    allocator has asked for a pod. A driver in a pod loads some two thousand classes that a
+    local one never does (Spark's Kubernetes backend, the fabric8 client, vert.x), between its
+    JVM's start and its request for executors, on a restart's path. The API server is a stand-in
+    on loopback that answers every request with a 404, so that the client goes through its
+    requests and responses; the pod is never made."""
+    from pyspark import SparkConf, SparkContext
+
+    with refusing_api_server() as (url, asked_for_pod):
+        conf = SparkConf().setMaster(f"k8s://{url}").setAppName("dstream-jvm-archive")
+        conf.setAll(list(KUBERNETES_DUMP_SETTINGS.items()))
+        sc = SparkContext(conf=conf)
+        try:
+            if not asked_for_pod.wait(DUMP_TIMEOUT_S):
+                raise RuntimeError("Spark's Kubernetes backend never asked for an executor pod")
+        finally:
+            sc.stop()
+
+
+KUBERNETES_DUMP_SETTINGS = {
+    "spark.kubernetes.namespace": "dstream-jvm-archive",
+    "spark.kubernetes.container.image": "dstream-jvm-archive",
+    "spark.kubernetes.executor.disableConfigMap": "true",  # as the operator's drivers
+    "spark.kubernetes.executor.enableApiWatcher": "false",  # a watch is a websocket
+    "spark.executor.instances": "1",
+    "spark.scheduler.minRegisteredResourcesRatio": "0",
+    "spark.driver.host": "127.0.0.1",
+    "spark.ui.enabled": "false",
+    "spark.log.level": "OFF",  # the stand-in's refusals, logged as errors
+}
+
+
+NOT_FOUND = json.dumps(
+    {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404}
+).encode()
+
+
+@contextlib.contextmanager
+def refusing_api_server() -> Iterator[tuple[str, threading.Event]]:
+    """An HTTP server on a free loopback port that answers 404 to every request; its URL, and
+    an event set once a pod has been asked for."""
+    asked_for_pod = threading.Event()
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def refuse(self) -> None:
+            if self.command == "POST" and self.path.split("?")[0].endswith("/pods"):
+                asked_for_pod.set()
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(NOT_FOUND)))
+            self.end_headers()
+            self.wfile.write(NOT_FOUND)
+
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = refuse
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked_for_pod
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
