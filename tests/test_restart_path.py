@@ -119,21 +119,24 @@ def test_the_driver_and_executor_jvms_load_spark_from_the_installations_archive(
     assert f"org.apache.spark.shuffle.sort.SortShuffleManager {ARCHIVED}" in executor
 
 
-# A driver with a Kubernetes master, against the archive's own stand-in API server, logging
-# where its classes came from, until Spark has asked for an executor pod.
+# A driver with a Kubernetes master and an executor pod template, as the operator's, against the
+# archive's own stand-in API server, logging where its classes came from, until Spark has made
+# an executor pod.
 KUBERNETES_DRIVER = textwrap.dedent(
     """
     import sys
     from pyspark import SparkConf, SparkContext
     from dstream.service import jvm_archive
 
-    with jvm_archive.refusing_api_server() as (url, asked_for_pod):
+    class_log, template = sys.argv[1:]
+    with jvm_archive.api_server_stand_in() as (url, pod_made):
         settings = jvm_archive.with_archive({
             **jvm_archive.KUBERNETES_DUMP_SETTINGS,
-            "spark.driver.extraJavaOptions": f"-Xlog:class+load=info:file={sys.argv[1]}",
+            "spark.kubernetes.executor.podTemplateFile": template,
+            "spark.driver.extraJavaOptions": f"-Xlog:class+load=info:file={class_log}",
         })
         sc = SparkContext(conf=SparkConf().setAll(list(settings.items())).setMaster(f"k8s://{url}"))
-        assert asked_for_pod.wait(120)
+        assert pod_made.wait(120)
         sc.stop()
     """
 )
@@ -144,18 +147,21 @@ KUBERNETES_DRIVER = textwrap.dedent(
 def test_a_driver_on_kubernetes_loads_sparks_kubernetes_backend_from_the_archive(tmp_path):
     """A driver in a pod loads about two thousand classes a local one does not: the archive's
     run loads them too (jvm_archive.load_kubernetes_backend)."""
-    driver_log = tmp_path / "driver.log"
+    class_log, template = tmp_path / "classes.log", tmp_path / "executor-pod-template.yaml"
+    template.write_text(yaml.safe_dump(jvm_archive.EXECUTOR_POD_TEMPLATE))
     subprocess.run(
-        [sys.executable, "-c", KUBERNETES_DRIVER, str(driver_log)],
+        [sys.executable, "-c", KUBERNETES_DRIVER, str(class_log), str(template)],
         check=True,
         timeout=180,
         env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
     )
-    loaded = driver_log.read_text()
+    loaded = class_log.read_text()
     for name in (
         "org.apache.spark.scheduler.cluster.k8s.KubernetesClusterSchedulerBackend",
         "org.apache.spark.scheduler.cluster.k8s.ExecutorPodsAllocator",
         "io.fabric8.kubernetes.client.impl.KubernetesClientImpl",
+        "io.fabric8.kubernetes.api.model.Pod",
         "io.vertx.core.impl.VertxImpl",
+        "org.snakeyaml.engine.v2.api.Load",  # the template's parser
     ):
         assert f"{name} {ARCHIVED}" in loaded, name

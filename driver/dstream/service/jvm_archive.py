@@ -37,6 +37,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 # Where to find the archive instead of the installation's own (empty: use none).
 ENV = "DSTREAM_JVM_ARCHIVE"
 JAVA_OPTIONS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
@@ -164,20 +166,30 @@ def dump_run(partial: Path) -> None:
 
 def load_kubernetes_backend() -> None:
     """A SparkContext with a Kubernetes master, in the dump run's JVM, until its executor
-    allocator has asked for a pod. A driver in a pod loads some two thousand classes that a
-    local one never does (Spark's Kubernetes backend, the fabric8 client, vert.x), between its
-    JVM's start and its request for executors, on a restart's path. The API server is a stand-in
-    on loopback that answers every request with a 404, so that the client goes through its
-    requests and responses; the pod is never made."""
+    allocator has made a pod from a template, as the operator's drivers do. A driver in a pod
+    loads some two thousand classes that a local one never does (Spark's Kubernetes backend,
+    the fabric8 client and its model of Kubernetes' objects, vert.x, a YAML parser for the
+    template), between its JVM's start and its request for executors, on a restart's path.
+    The API server is a stand-in on loopback (api_server_stand_in); no pod runs."""
     from pyspark import SparkConf, SparkContext
 
-    with refusing_api_server() as (url, asked_for_pod):
+    with (
+        api_server_stand_in() as (url, pod_made),
+        tempfile.TemporaryDirectory(prefix="dstream-jvm-archive-") as scratch,
+    ):
+        template = Path(scratch) / "executor-pod-template.yaml"
+        template.write_text(yaml.safe_dump(EXECUTOR_POD_TEMPLATE))  # as executor_owner writes it
         conf = SparkConf().setMaster(f"k8s://{url}").setAppName("dstream-jvm-archive")
         conf.setAll(list(KUBERNETES_DUMP_SETTINGS.items()))
+        conf.set("spark.kubernetes.executor.podTemplateFile", str(template))
         sc = SparkContext(conf=conf)
         try:
-            if not asked_for_pod.wait(DUMP_TIMEOUT_S):
-                raise RuntimeError("Spark's Kubernetes backend never asked for an executor pod")
+            if not pod_made.wait(DUMP_TIMEOUT_S):
+                raise RuntimeError("Spark's Kubernetes backend never made an executor pod")
+            # A watch reads its events as objects of any kind, which loads the client's classes
+            # for every kind; the stand-in has no watch (a websocket), so one is read here.
+            serialization = sc._jvm.io.fabric8.kubernetes.client.utils.Serialization
+            serialization.unmarshal(json.dumps(EXECUTOR_POD_TEMPLATE))
         finally:
             sc.stop()
 
@@ -187,45 +199,64 @@ KUBERNETES_DUMP_SETTINGS = {
     "spark.kubernetes.container.image": "dstream-jvm-archive",
     "spark.kubernetes.executor.disableConfigMap": "true",  # as the operator's drivers
     "spark.kubernetes.executor.enableApiWatcher": "false",  # a watch is a websocket
+    "spark.kubernetes.executor.podTemplateContainerName": "executor",
     "spark.executor.instances": "1",
     "spark.scheduler.minRegisteredResourcesRatio": "0",
     "spark.driver.host": "127.0.0.1",
     "spark.ui.enabled": "false",
     "spark.log.level": "OFF",  # the stand-in's refusals, logged as errors
 }
-
-
-NOT_FOUND = json.dumps(
-    {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404}
-).encode()
+# As the operator's template, with an owner as a driver pod adds (executor_owner).
+EXECUTOR_POD_TEMPLATE = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {
+        "labels": {"dstream.dev/job": "dstream-jvm-archive", "dstream.dev/role": "executor"},
+        "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Pod", "name": "driver", "uid": "0", "controller": True}
+        ],
+    },
+    "spec": {"containers": [{"name": "executor", "resources": {"requests": {"cpu": "100m"}}}]},
+}
+NOT_FOUND = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404}
+NO_PODS = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []}
 
 
 @contextlib.contextmanager
-def refusing_api_server() -> Iterator[tuple[str, threading.Event]]:
-    """An HTTP server on a free loopback port that answers 404 to every request; its URL, and
-    an event set once a pod has been asked for."""
-    asked_for_pod = threading.Event()
+def api_server_stand_in() -> Iterator[tuple[str, threading.Event]]:
+    """An HTTP server on a free loopback port that makes every pod it is sent (answers it back),
+    lists none and finds nothing else; its URL, and an event set once a pod was made."""
+    pod_made = threading.Event()
 
-    class Refuse(http.server.BaseHTTPRequestHandler):
-        def refuse(self) -> None:
-            if self.command == "POST" and self.path.split("?")[0].endswith("/pods"):
-                asked_for_pod.set()
-            self.send_response(404)
+    class StandIn(http.server.BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            pods = self.path.split("?")[0].endswith("/pods")
+            if pods and self.command == "POST":
+                self.send(201, body)
+                pod_made.set()
+            elif pods and self.command == "GET":
+                self.send(200, json.dumps(NO_PODS).encode())
+            else:
+                self.send(404, json.dumps(NOT_FOUND).encode())
+
+        def send(self, status: int, body: bytes) -> None:
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(NOT_FOUND)))
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(NOT_FOUND)
+            self.wfile.write(body)
 
-        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = refuse
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = answer
 
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", asked_for_pod
+        yield f"http://127.0.0.1:{server.server_address[1]}", pod_made
     finally:
         server.shutdown()
         server.server_close()
