@@ -133,7 +133,9 @@ KUBERNETES_DRIVER = textwrap.dedent(
         settings = jvm_archive.with_archive({
             **jvm_archive.KUBERNETES_DUMP_SETTINGS,
             "spark.kubernetes.executor.podTemplateFile": template,
-            "spark.driver.extraJavaOptions": f"-Xlog:class+load=info:file={class_log}",
+            "spark.driver.extraJavaOptions": (
+                f"-Xlog:class+load=info:file={class_log} -Dno.proxy=127.0.0.1"
+            ),
         })
         sc = SparkContext(conf=SparkConf().setAll(list(settings.items())).setMaster(f"k8s://{url}"))
         assert pod_made.wait(120)

@@ -44,6 +44,7 @@ ENV = "DSTREAM_JVM_ARCHIVE"
 JAVA_OPTIONS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 CLASS_PATHS = ("spark.driver.extraClassPath", "spark.executor.extraClassPath")
 DUMP_TIMEOUT_S = 600.0
+POD_TIMEOUT_S = 120.0
 
 
 def default_path() -> Path:
@@ -141,9 +142,11 @@ def dump_run(partial: Path) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf = SparkConf().setAll([*pydaemon.SPARK_CONF.items(), *pools.SPARK_CONF.items()])
     conf.setMaster("local[2]").setAppName("dstream-jvm-archive")
-    # -Xlog: the dump lists every class it cannot keep (hundreds of generated ones) as a warning
+    # -Xlog: the dump lists every class it cannot keep (hundreds of generated ones) as a warning;
+    # no.proxy: the Kubernetes client reaches the stand-in directly, whatever HTTP_PROXY says
     conf.set(
-        "spark.driver.extraJavaOptions", f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds*=error"
+        "spark.driver.extraJavaOptions",
+        f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds*=error -Dno.proxy=127.0.0.1",
     )
     conf.set("spark.driver.extraClassPath", class_path())
     conf.set("spark.ui.showConsoleProgress", "false")
@@ -184,7 +187,7 @@ def load_kubernetes_backend() -> None:
         conf.set("spark.kubernetes.executor.podTemplateFile", str(template))
         sc = SparkContext(conf=conf)
         try:
-            if not pod_made.wait(DUMP_TIMEOUT_S):
+            if not pod_made.wait(POD_TIMEOUT_S):
                 raise RuntimeError("Spark's Kubernetes backend never made an executor pod")
             # A watch reads its events as objects of any kind, which loads the client's classes
             # for every kind; the stand-in has no watch (a websocket), so one is read here.
