@@ -134,11 +134,11 @@ KUBERNETES_DRIVER = textwrap.dedent(
             **jvm_archive.KUBERNETES_DUMP_SETTINGS,
             "spark.kubernetes.executor.podTemplateFile": template,
             "spark.driver.extraJavaOptions": (
-                f"-Xlog:class+load=info:file={class_log} -Dno.proxy=127.0.0.1"
+                f"-Xlog:class+load=info:file={class_log} {jvm_archive.NO_PROXY_OPTION}"
             ),
         })
         sc = SparkContext(conf=SparkConf().setAll(list(settings.items())).setMaster(f"k8s://{url}"))
-        assert pod_made.wait(120)
+        assert pod_made.wait(jvm_archive.POD_TIMEOUT_S)
         sc.stop()
     """
 )

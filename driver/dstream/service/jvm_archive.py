@@ -39,12 +39,16 @@ from typing import Any
 
 import yaml
 
+from dstream.service import executor_owner
+
 # Where to find the archive instead of the installation's own (empty: use none).
 ENV = "DSTREAM_JVM_ARCHIVE"
 JAVA_OPTIONS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 CLASS_PATHS = ("spark.driver.extraClassPath", "spark.executor.extraClassPath")
 DUMP_TIMEOUT_S = 600.0
 POD_TIMEOUT_S = 120.0
+# The Kubernetes client honours HTTP_PROXY; the stand-in API server is on loopback.
+NO_PROXY_OPTION = "-Dno.proxy=127.0.0.1"
 
 
 def default_path() -> Path:
@@ -142,11 +146,10 @@ def dump_run(partial: Path) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf = SparkConf().setAll([*pydaemon.SPARK_CONF.items(), *pools.SPARK_CONF.items()])
     conf.setMaster("local[2]").setAppName("dstream-jvm-archive")
-    # -Xlog: the dump lists every class it cannot keep (hundreds of generated ones) as a warning;
-    # no.proxy: the Kubernetes client reaches the stand-in directly, whatever HTTP_PROXY says
+    # -Xlog: the dump lists every class it cannot keep (hundreds of generated ones) as a warning
     conf.set(
         "spark.driver.extraJavaOptions",
-        f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds*=error -Dno.proxy=127.0.0.1",
+        f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds*=error {NO_PROXY_OPTION}",
     )
     conf.set("spark.driver.extraClassPath", class_path())
     conf.set("spark.ui.showConsoleProgress", "false")
@@ -209,18 +212,17 @@ KUBERNETES_DUMP_SETTINGS = {
     "spark.ui.enabled": "false",
     "spark.log.level": "OFF",  # the stand-in's refusals, logged as errors
 }
-# As the operator's template, with an owner as a driver pod adds (executor_owner).
-EXECUTOR_POD_TEMPLATE = {
-    "apiVersion": "v1",
-    "kind": "Pod",
-    "metadata": {
-        "labels": {"dstream.dev/job": "dstream-jvm-archive", "dstream.dev/role": "executor"},
-        "ownerReferences": [
-            {"apiVersion": "v1", "kind": "Pod", "name": "driver", "uid": "0", "controller": True}
-        ],
+# As the operator's template, with the owner a driver pod adds.
+EXECUTOR_POD_TEMPLATE = executor_owner.with_owner(
+    {
+        "metadata": {
+            "labels": {"dstream.dev/job": "dstream-jvm-archive", "dstream.dev/role": "executor"}
+        },
+        "spec": {"containers": [{"name": "executor", "resources": {"requests": {"cpu": "100m"}}}]},
     },
-    "spec": {"containers": [{"name": "executor", "resources": {"requests": {"cpu": "100m"}}}]},
-}
+    pod="driver",
+    uid="0",
+)
 NOT_FOUND = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404}
 NO_PODS = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []}
 
