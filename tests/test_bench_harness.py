@@ -226,6 +226,12 @@ def test_load_gate():
     assert busy_reason(short_busy, 0.25, 10) is not None
 
 
+# The trials on a real job run solo: a trial measures from the first batch that starts on time,
+# which a machine starved by the parallel tests may never let happen. On a slow 2-core machine
+# among them, pyspark.streaming's half-second trial ran into the 300 s timeout, its job's lineage
+# by then deep enough that a task's deserialization overflowed the stack, which ends a local JVM:
+# the worker's shared SparkContext, and with it every later test of that worker.
+@pytest.mark.solo
 @pytest.mark.parametrize(
     ("system_name", "variant"),
     [("dstream", "tuned"), ("pyspark.streaming", "tuned"), ("structured", "expert")],
@@ -255,9 +261,7 @@ def test_same_program_passes_the_checker_on_a_real_job(sc, system_name, variant)
             assert batch.latency_p99_ms <= waited + 1000
 
 
-# solo: its trial measures only once a batch starts on time, which a starved machine never lets
-# happen (on a 2-core machine twice as slow, among the parallel tests it timed out after 300 s)
-@pytest.mark.solo
+@pytest.mark.solo  # a trial on a real job, as above
 @pytest.mark.parametrize(
     ("system_name", "variant", "workload"),
     [
@@ -895,6 +899,7 @@ def test_the_report_gives_measured_latency_only():
     assert latency_cell(modelled) == "not measured"
 
 
+@pytest.mark.solo  # a trial on a real job, as test_same_program_passes_the_checker_on_a_real_job
 @pytest.mark.parametrize(
     ("system_name", "variant"),
     [("dstream", "tuned"), ("pyspark.streaming", "tuned"), ("structured", "plain")],
@@ -1067,7 +1072,7 @@ def bench_broker(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.solo  # as the Grep test above: among the parallel tests a trial measured 1 of 3
+@pytest.mark.solo  # a trial on a real job (among the parallel tests: 1 of 3 batches measured)
 @pytest.mark.timeout(600)  # a worker's JVM start, then two trials given up to 240 s each
 @pytest.mark.parametrize(
     ("system_name", "variant"), [("dstream", "tuned"), ("structured", "expert")]
