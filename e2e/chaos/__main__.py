@@ -99,6 +99,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1,
         help="with --standby: deletions of both drivers at once (the restart path)",
     )
+    parser.add_argument(
+        "--driver-kill-grace",
+        type=int,
+        help="without --standby: delete the driver pod with this grace period (0: the kubelet "
+        "kills the old driver 2 s after SIGTERM, a crash but for those 2 s; default: the pod's "
+        "own, so the old driver's graceful stop shares the node with the new driver's start)",
+    )
     parser.add_argument("--operator-kills", type=int, default=1)
     parser.add_argument(
         "--restart-reset-seconds",
@@ -218,7 +225,7 @@ def run_faults(chaos: Chaos, args: argparse.Namespace) -> None:
         if args.standby:
             chaos.lose_leader(600)
         else:
-            chaos.lose_driver(600)
+            chaos.lose_driver(600, grace_seconds=args.driver_kill_grace)
         chaos.settle(2, 300)
     for n in range(args.pair_kills if args.standby else 0):
         say(f"loss of both drivers {n + 1}/{args.pair_kills}")

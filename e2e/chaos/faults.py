@@ -291,13 +291,18 @@ class Chaos:
             raise RuntimeError(f"expected one driver pod, found {[p.metadata.name for p in pods]}")
         return pods[0].metadata.name, pods[0].metadata.uid
 
-    def lose_driver(self, timeout_s: float, kind: str = "driver recovery") -> None:
+    def lose_driver(
+        self, timeout_s: float, kind: str = "driver recovery", grace_seconds: int | None = None
+    ) -> None:
+        """Delete the driver pod with its own grace period (the old driver's graceful stop then
+        shares the node with the new driver's start) or with `grace_seconds`."""
         t = self.target
         name, uid = self.driver_pod()
         deleted_at = time.time()
-        self.cluster.delete_pod(t.namespace, name)
+        self.cluster.delete_pod(t.namespace, name, grace_seconds)
         self.count("driver", deleted_at)
-        print(f"- deleted driver pod {name}", flush=True)
+        grace = "" if grace_seconds is None else f" (grace period {grace_seconds} s)"
+        print(f"- deleted driver pod {name}{grace}", flush=True)
         self._await_new_driver({uid}, deleted_at, kind, timeout_s)
 
     def _await_new_driver(

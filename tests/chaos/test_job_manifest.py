@@ -34,3 +34,10 @@ def test_status_restarts_must_count_every_loss_unless_the_count_may_reset():
     assert restarts_counted(0, 5, may_reset=True)
     assert not restarts_counted(6, 5, may_reset=True)
     assert not restarts_counted(None, 5, may_reset=True)
+
+
+def test_a_driver_loss_keeps_the_pods_grace_period_unless_one_is_given():
+    """--driver-kill-grace 0 shows a crash's restart apart from the old driver's graceful stop."""
+    base = ["--kubeconfig", "k", "--image", "dstream:e2e", "--host-path", "/node/run"]
+    assert parse_args(base).driver_kill_grace is None
+    assert parse_args([*base, "--driver-kill-grace", "0"]).driver_kill_grace == 0
