@@ -1,6 +1,6 @@
 """The benchmark harness's own logic: verdicts, percentiles, the rate search's bracketing, the
 output checker against the independent reference, and the load gate. Pure logic, except the
-two trials that run a tiny real job through dstream and pyspark.streaming."""
+trials that run a tiny real job through each system (`solo`: they read batch delays)."""
 
 from __future__ import annotations
 
