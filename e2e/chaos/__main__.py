@@ -125,6 +125,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.kubeconfig:
         parser.error("--kubeconfig (or KUBECONFIG) is required")
+    if args.standby and args.driver_kill_grace is not None:
+        parser.error("--driver-kill-grace needs --no-standby (a leader is always killed at once)")
     return args
 
 
