@@ -114,6 +114,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "each replacement starts at once, as after a lone loss, and status.restarts, reset "
         "meanwhile, need only stay at or below the losses (default: the spec's)",
     )
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more entry of the job's sparkConf (repeatable), e.g. "
+        "spark.eventLog.enabled=true with spark.eventLog.dir=file:///data/events",
+    )
     parser.add_argument("--deadline-seconds", type=float, default=1800, help="whole-suite limit")
     parser.add_argument("--report", type=Path, help="also write the figures as JSON here")
     parser.add_argument("--keep", action="store_true", help="leave the job and operator running")
@@ -127,6 +135,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--kubeconfig (or KUBECONFIG) is required")
     if args.standby and args.driver_kill_grace is not None:
         parser.error("--driver-kill-grace needs --no-standby (a leader is always killed at once)")
+    if malformed := [entry for entry in args.spark_conf if "=" not in entry]:
+        parser.error(f"--spark-conf takes KEY=VALUE, not {malformed[0]!r}")
     return args
 
 
@@ -196,7 +206,8 @@ def job_manifest(args: argparse.Namespace, storage: Storage) -> dict[str, Any]:
                 "spark.default.parallelism": "2",
                 "spark.ui.enabled": "false",
             }
-            | ({LEASE_DURATION: str(args.lease_seconds)} if args.standby else {}),
+            | ({LEASE_DURATION: str(args.lease_seconds)} if args.standby else {})
+            | dict(entry.split("=", 1) for entry in args.spark_conf),
             "restartPolicy": {"type": "Always", "maxRestarts": 10, "backoffSeconds": 1}
             | (
                 {"resetAfterSeconds": args.restart_reset_seconds}

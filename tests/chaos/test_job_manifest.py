@@ -51,3 +51,17 @@ def test_a_grace_period_for_a_driver_loss_with_a_standby_is_refused(capsys):
     with pytest.raises(SystemExit):
         parse_args([*base, "--driver-kill-grace", "0"])
     assert "--driver-kill-grace needs --no-standby" in capsys.readouterr().err
+
+
+def test_spark_conf_entries_reach_the_job_and_a_malformed_one_is_refused(capsys):
+    """--spark-conf adds to the job's sparkConf (e.g. an event log of each restart) without
+    dropping the suite's own entries; an entry without '=' names itself in the error."""
+    conf = manifest_of(
+        "--spark-conf", "spark.eventLog.enabled=true", "--spark-conf", "spark.x=a=b"
+    ).spec.spark_conf
+    assert conf["spark.eventLog.enabled"] == "true"
+    assert conf["spark.x"] == "a=b"
+    assert conf["spark.default.parallelism"] == "2"
+    with pytest.raises(SystemExit):
+        manifest_of("--spark-conf", "spark.eventLog.enabled")
+    assert "not 'spark.eventLog.enabled'" in capsys.readouterr().err
