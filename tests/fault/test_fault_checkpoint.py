@@ -26,10 +26,11 @@ from dstream.runtime.checkpoint import (
 from dstream.runtime.clock import ManualClock
 from dstream.runtime.failure import FailurePolicy
 from dstream.runtime.graph import READ_BY
-from dstream.runtime.recovery import verified_state
+from dstream.runtime.recovery import hash_partitioned_checkpoint, verified_state
 from dstream.runtime.timeutil import time_to_ms
 from fault.harness import InProcessJob, RateJob, fault_rng, truncate_at_random_byte, verify
 from pyspark import RDD
+from pyspark.rdd import Partitioner, portable_hash
 
 
 @pytest.fixture
@@ -219,6 +220,30 @@ def test_a_restarted_window_subtracts_its_durable_batches_instead_of_recomputing
     job.run(ssc, 3)
     ssc.stop(stopSparkContext=False)
     assert_exact(job)
+
+
+def test_restored_state_meets_a_new_batch_without_a_shuffle(sc, tmp_path):
+    """A state checkpoint written by another driver (here: partitioned by another function
+    object of the same hash, as another process's `portable_hash` is to PySpark) is read back
+    partitioned as this run's batches are: their union keeps the state's two partitions, so
+    the first cogroup after a restart moves only the batch. Read the plain way, the union has
+    four and the whole state is shuffled again."""
+    sc.setCheckpointDir(str(tmp_path))
+    written = sc.parallelize([(w, 1) for w in "abcdefgh"])
+    written = written.partitionBy(2, lambda key: portable_hash(key)).mapValues(lambda v: v)
+    written.checkpoint()
+    written.count()
+    path = written.getCheckpointFile()
+    batch = sc.parallelize([("a", 2), ("z", 3)]).partitionBy(2)
+
+    plain = RDD(sc._jsc.checkpointFile(path), sc, sc.serializer)
+    assert plain.union(batch).getNumPartitions() == 4
+    state = RDD(hash_partitioned_checkpoint(sc, path, 2), sc, sc.serializer)
+    state.partitioner = Partitioner(2, portable_hash)
+    assert state.union(batch).getNumPartitions() == 2
+    assert state.glom().collect() == written.glom().collect()  # each key where it was
+    merged = state.cogroup(batch, 2).mapValues(lambda sv: sum(sv[0]) + sum(sv[1]))
+    assert dict(merged.collect()) == {**dict.fromkeys("bcdefgh", 1), "a": 3, "z": 3}
 
 
 def test_a_missing_batch_record_in_the_middle_is_refused(job):

@@ -80,6 +80,20 @@ def verified_state(sc: SparkContext, path: str) -> JavaObject:
     return jrdd
 
 
+def hash_partitioned_checkpoint(sc: SparkContext, path: str, partitions: int) -> JavaObject:
+    """Spark's checkpoint at `path` read as partitioned by this run's `partitionBy`. Spark
+    reads back the partitioner it wrote, but PySpark's names the hash function by its `id()`
+    in the driver that wrote it, so it never equals a new driver's: the restored state's
+    first cogroup or window union with a batch shuffled the whole state again."""
+    jvm = sc._jvm
+    assert jvm is not None
+    partitioner = jvm.org.apache.spark.api.python.PythonPartitioner(partitions, id(portable_hash))
+    rdd = jvm.org.apache.spark.rdd.ReliableCheckpointRDD(
+        sc._jsc.sc(), path, jvm.scala.Some(partitioner), jvm.scala.reflect.ClassTag.AnyRef()
+    )
+    return rdd.toJavaRDD()
+
+
 class CheckpointRecovery:
     """One restart's recovery of a graph from its checkpoint directory (`run` does it)."""
 
@@ -226,6 +240,7 @@ class CheckpointRecovery:
         rdd = RDD(jrdd, sc, sc.serializer)
         partitions = stream.checkpoint_data.partitions
         if partitions is not None and rdd.getNumPartitions() == partitions:
+            rdd = RDD(hash_partitioned_checkpoint(sc, path, partitions), sc, sc.serializer)
             rdd.partitioner = Partitioner(partitions, portable_hash)
         return rdd
 
