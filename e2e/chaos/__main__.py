@@ -120,7 +120,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE",
         help="one more entry of the job's sparkConf (repeatable), e.g. "
-        "spark.eventLog.enabled=true with spark.eventLog.dir=file:///data/events",
+        "spark.eventLog.enabled=true with spark.eventLog.dir=file:///data (the run's directory)",
     )
     parser.add_argument("--deadline-seconds", type=float, default=1800, help="whole-suite limit")
     parser.add_argument("--report", type=Path, help="also write the figures as JSON here")
