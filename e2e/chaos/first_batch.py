@@ -28,9 +28,9 @@ WARM_FROM = 2  # a driver's batches from the third on are warm
 
 @dataclass
 class Batch:
+    start_ms: int  # its first job's submission
+    end_ms: int | None = None  # its last job's completion
     stages: int = 0
-    start_ms: int | None = None
-    end_ms: int | None = None
     tasks: list[dict[str, Any]] = field(default_factory=list)  # launch order
 
 
@@ -114,7 +114,7 @@ def driver_of(name: str, events: list[dict[str, Any]]) -> Driver | None:
                     "run_ms": metrics.get("Executor Run Time", 0),
                 }
             )
-    ordered = sorted(batches.values(), key=lambda b: b.start_ms or 0)
+    ordered = sorted(batches.values(), key=lambda b: b.start_ms)
     return Driver(name, start, added, ordered)
 
 
@@ -151,7 +151,7 @@ def report(drivers: list[Driver]) -> list[str]:
         warm += [
             (b.end_ms - b.start_ms) / 1000
             for b in driver.batches[WARM_FROM:]
-            if b.end_ms and b.start_ms
+            if b.end_ms is not None
         ]
         added = ", ".join(f"{(t - driver.start_ms) / 1000:.2f}" for t in driver.executors_added_ms)
         cold = ", ".join(

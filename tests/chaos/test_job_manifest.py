@@ -9,11 +9,11 @@ from dstream.spec import RestartPolicy, StreamingJob
 from e2e.chaos.__main__ import job_manifest, parse_args, restarts_counted
 from e2e.chaos.storage import HostPathStorage
 
+REQUIRED = ["--kubeconfig", "k", "--image", "dstream:e2e", "--host-path", "/node/run"]
+
 
 def manifest_of(*flags: str) -> StreamingJob:
-    args = parse_args(
-        ["--kubeconfig", "k", "--image", "dstream:e2e", "--host-path", "/node/run", *flags]
-    )
+    args = parse_args([*REQUIRED, *flags])
     return StreamingJob.model_validate(
         job_manifest(args, HostPathStorage("/node/run", Path("/node/run")))
     )
@@ -39,17 +39,17 @@ def test_status_restarts_must_count_every_loss_unless_the_count_may_reset():
 
 def test_a_driver_loss_keeps_the_pods_grace_period_unless_one_is_given():
     """--driver-kill-grace 0 shows a crash's restart apart from the old driver's graceful stop."""
-    base = ["--kubeconfig", "k", "--image", "dstream:e2e", "--host-path", "/node/run"]
-    assert parse_args(base).driver_kill_grace is None
-    assert parse_args([*base, "--no-standby", "--driver-kill-grace", "0"]).driver_kill_grace == 0
+    assert parse_args(REQUIRED).driver_kill_grace is None
+    assert (
+        parse_args([*REQUIRED, "--no-standby", "--driver-kill-grace", "0"]).driver_kill_grace == 0
+    )
 
 
 def test_a_grace_period_for_a_driver_loss_with_a_standby_is_refused(capsys):
     """With a standby the leader is always deleted with no grace period: the option would do
     nothing, so it is an error rather than silently ignored."""
-    base = ["--kubeconfig", "k", "--image", "dstream:e2e", "--host-path", "/node/run"]
     with pytest.raises(SystemExit):
-        parse_args([*base, "--driver-kill-grace", "0"])
+        parse_args([*REQUIRED, "--driver-kill-grace", "0"])
     assert "--driver-kill-grace needs --no-standby" in capsys.readouterr().err
 
 
