@@ -5,7 +5,8 @@ the Spark event logs an e2e run wrote with `--spark-conf spark.eventLog.enabled=
 Per driver after the first, in the order they started: when its executors registered, how many
 stages its first batch ran, the time from the last registration to the end of that batch's last
 job, and each executor's first task (wall time, Spark's deserialisation and run time); then the
-medians over the drivers, beside a warm batch's (the third batch of each driver on).
+medians over the drivers, beside a warm batch's time and stages (the third batch of each
+driver on).
 
 Spark 4 compresses event logs with zstd unless `spark.eventLog.compress=false`; compressed ones
 are read through the `zstd` program.
@@ -138,7 +139,7 @@ def report(drivers: list[Driver]) -> list[str]:
     lines: list[str] = []
     to_end: list[float] = []
     firsts: list[dict[str, Any]] = []
-    warm: list[float] = []
+    warm: list[Batch] = []
     for driver in drivers[1:]:
         if not driver.batches or driver.batches[0].end_ms is None or not driver.executors_added_ms:
             lines.append(f"{driver.name}: no first batch ended")
@@ -148,11 +149,7 @@ def report(drivers: list[Driver]) -> list[str]:
         to_end.append(since)
         tasks = first_tasks(first)
         firsts += tasks
-        warm += [
-            (b.end_ms - b.start_ms) / 1000
-            for b in driver.batches[WARM_FROM:]
-            if b.end_ms is not None
-        ]
+        warm += [b for b in driver.batches[WARM_FROM:] if b.end_ms is not None]
         added = ", ".join(f"{(t - driver.start_ms) / 1000:.2f}" for t in driver.executors_added_ms)
         cold = ", ".join(
             f"{t['wall_ms'] / 1000:.2f} s ({t['deserialize_ms']} + {t['run_ms']} ms)" for t in tasks
@@ -173,7 +170,9 @@ def report(drivers: list[Driver]) -> list[str]:
             f"run_p50={statistics.median(t['run_ms'] for t in firsts):.0f}ms (n={len(firsts)})"
         )
     if warm:
-        lines.append(f"warm_batch_jobs_p50={statistics.median(warm):.2f}s (n={len(warm)})")
+        took = statistics.median((b.end_ms or b.start_ms) - b.start_ms for b in warm) / 1000
+        stages = statistics.median(b.stages for b in warm)
+        lines.append(f"warm_batch_jobs_p50={took:.2f}s stages_p50={stages:g} (n={len(warm)})")
     return lines
 
 

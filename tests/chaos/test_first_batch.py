@@ -98,7 +98,9 @@ def test_a_restarted_drivers_first_batch_is_read_against_its_executors_registrat
     assert "first tasks 1.90 s (400 + 1400 ms), 1.60 s (500 + 1000 ms)" in lines[0]
     assert "first_batch_after_registration_p50=3.50s" in lines[1]
     assert lines[2] == "first_task_p50=1.75s deserialize_p50=450ms run_p50=1200ms (n=2)"
-    assert lines[3] == "warm_batch_jobs_p50=1.10s (n=2)"  # the third and fourth batches
+    assert (
+        lines[3] == "warm_batch_jobs_p50=1.10s stages_p50=1 (n=2)"
+    )  # the third and fourth batches
 
 
 def test_a_run_without_a_restart_is_refused(tmp_path, capsys):
