@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from dstream.runtime.checkpoint import CheckpointDir, compare_signatures, write_document
@@ -35,6 +36,10 @@ def test_prune_drops_old_entries_and_checkpoints_not_in_force(tmp_path):
     being_written = spark_checkpoint(this_run, 4, in_flight=True)
     empty_old_run = checkpoint.state_dir / "older-run"
     empty_old_run.mkdir()
+    an_hour_ago = time.time() - 3600
+    os.utime(empty_old_run, (an_hour_ago, an_hour_ago))
+    starting_run = checkpoint.state_dir / "starting-run"  # a standby's, just made by Spark
+    starting_run.mkdir()
 
     checkpoint.prune(2000, {f"file:{kept}"}, f"file:{this_run}")
 
@@ -47,6 +52,7 @@ def test_prune_drops_old_entries_and_checkpoints_not_in_force(tmp_path):
     assert kept.exists() and being_written.exists()
     assert not finished_elsewhere.exists() and not superseded.exists()
     assert not empty_old_run.exists()
+    assert starting_run.exists()
 
 
 def test_load_log_removes_crashed_writers_temp_files_and_reports_torn_ones(tmp_path):

@@ -54,6 +54,8 @@ METADATA_VERSION = 2
 FAULT_INJECT_ENV = "DSTREAM_FAULT_INJECT"
 _CRC_MAGIC = b"crc\0"
 _CHUNKS_PER_READ = 2048
+# Another run's empty state directory younger than this may be a driver's that is starting.
+_FRESH_RUN_DIR_S = 60.0
 _fault_arrivals: dict[str, int] = {}
 
 
@@ -325,7 +327,7 @@ class CheckpointDir:
                 if resolved / rdd_dir.name in keep or (this_run and _being_written(rdd_dir)):
                     continue
                 shutil.rmtree(rdd_dir, ignore_errors=True)
-            if not this_run and not any(run_dir.iterdir()):
+            if not this_run and _abandoned(run_dir):
                 run_dir.rmdir()
 
     def move_aside(self, suffix: str) -> Path:
@@ -403,6 +405,21 @@ def local_path(uri: str) -> Path:
     """A local path (a checkpoint's, an output's) from the `file:` URI Spark gives, or a plain
     path."""
     return Path(uri.removeprefix("file:")).resolve()
+
+
+def _abandoned(run_dir: Path) -> bool:
+    """An empty state directory of another run, left alone for a while. A driver starting beside
+    the leader (a standby, or the next pod while the old one still stops) makes its own with
+    Spark's `setCheckpointDir`, which creates it empty and sets its permissions after: removed
+    in between, that driver's start failed (`chmod: cannot access ...`). Once it is older, its
+    removal costs a live driver nothing: Spark makes the directory again when it first writes a
+    checkpoint there."""
+    try:
+        return (
+            not any(run_dir.iterdir()) and time.time() - run_dir.stat().st_mtime > _FRESH_RUN_DIR_S
+        )
+    except FileNotFoundError:  # another driver's prune removed it meanwhile
+        return False
 
 
 def _being_written(rdd_dir: Path) -> bool:
