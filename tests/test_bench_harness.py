@@ -335,6 +335,23 @@ def test_recovery_runs_at_half_of_the_systems_own_confirmed_maximum():
     assert recovery_subject("pyspark.streaming", table, "dstream.worker.pydaemon") is None
 
 
+def test_a_fault_runs_on_another_layout_of_its_own_kind_of_master_only(monkeypatch, capsys):
+    """`--master` moves an executor fault to another local-cluster layout (its executors'
+    cores); a master without executor JVMs to kill is refused, naming the fault's own."""
+    from bench.recovery import faults
+
+    masters = []
+    monkeypatch.setattr(
+        faults, "executor_kill", lambda subject, kills, every, master: masters.append(master) or {}
+    )
+    executor = ["--rate", "1000", "--fault", f"executor, {faults.LOCAL_CLUSTER}"]
+    assert faults.main([*executor, "--master", "local-cluster[2,2,1024]"]) == 0
+    assert masters == ["local-cluster[2,2,1024]"]
+    with pytest.raises(SystemExit):
+        faults.main([*executor, "--master", "local[2]"])
+    assert f"runs on {faults.LOCAL_CLUSTER}" in capsys.readouterr().err
+
+
 def test_repeated_kills_count_a_recovery_not_seen_as_the_longest():
     from bench.recovery.faults import percentiles
 

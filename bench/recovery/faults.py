@@ -174,7 +174,9 @@ def summarize(
     }
 
 
-def executor_kill(subject: Subject, kills: int = 1, every: int = AFTER) -> dict[str, Any]:
+def executor_kill(
+    subject: Subject, kills: int = 1, every: int = AFTER, master: str = LOCAL_CLUSTER
+) -> dict[str, Any]:
     """Executor JVMs of a local-cluster killed in turn, the first once the job is on schedule
     after BEFORE batches, each later one once it is again and at least `every` batches after
     the one before (subject.py); one kill's summary, or with several, each one's and their
@@ -189,7 +191,7 @@ def executor_kill(subject: Subject, kills: int = 1, every: int = AFTER) -> dict[
         str(every),
     )
     batches = BEFORE + sum(kill_gap(every, kill) for kill in range(kills))
-    command = recover_command(subject, checkpoint, batches, LOCAL_CLUSTER, *extra)
+    command = recover_command(subject, checkpoint, batches, master, *extra)
     run = RecoverProcess(command, f"recovery-executor-{subject.system}.log")
     try:
         run.finish(timeout_s=6 * 4 * batches * subject.batch_ms / 1000 + 120)
@@ -339,6 +341,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--batch-ms", type=int, default=1000, help="the batch interval (a slower machine)"
     )
+    parser.add_argument(
+        "--master",
+        help="the fault's cluster in another layout, e.g. local-cluster[2,2,1024] (its maximum "
+        "measured in that layout)",
+    )
     args = parser.parse_args(argv)
     variants = SYSTEM_CLASSES[args.system].variants
     if args.variant not in variants:
@@ -353,10 +360,15 @@ def main(argv: list[str] | None = None) -> int:
         args.batch_ms,
     )
     kind, master = args.fault.split(", ")
+    if args.master:
+        if args.master.startswith("local-cluster[") != master.startswith("local-cluster["):
+            parser.error(f"--master {args.master}: the fault {args.fault!r} runs on {master}")
+        master = args.master
     if kind == "driver":
         result = driver_restart(subject, master)
     else:
-        result = executor_kill(subject, args.kills, args.kill_every if args.kills > 1 else AFTER)
+        every = args.kill_every if args.kills > 1 else AFTER
+        result = executor_kill(subject, args.kills, every, master)
     print(json.dumps({k: v for k, v in result.items() if k != "timeline"}, indent=1))
     delays = (f"{b['t_s']:.1f}s:{b['delay_ms']}ms" for b in result.get("timeline", []))
     print("timeline (since the fault: delay):", " ".join(delays), file=sys.stderr)
