@@ -53,30 +53,33 @@ def sc():
 SHARED_RESOURCES = {"k8s_cluster": "k8s", "image_tarball": "image"}
 
 
-# The longest tests, in seconds on a quiet 2-core machine (make test's --durations list; a name
-# without [...] covers every parameter). xdist hands out tests in collection order, so a long
-# one collected late starts late and the suite waits for it alone at the end: the workers take
-# these first, longest first. Refresh it when the --durations list changes a lot.
+# The longest tests, in seconds in make test's parallel part on a 2-core machine (its --durations
+# list, 2026-12-01; a name without [...] covers every parameter). xdist hands out tests in
+# collection order, so a long one collected late starts late and the suite waits for it alone at
+# the end: the workers take these first, longest first. Refresh it when that list changes a lot.
 LONGEST_S = {
+    "tests/test_example_programs.py::test_the_recoverable_example_restarts_without_calling_setup[pyspark]": 202,
+    "tests/fault/test_soak.py::test_soak_under_driver_and_executor_kills_and_a_sink_outage[kafka]": 183,
     "tests/fault/test_soak.py::test_soak_under_driver_and_executor_kills_and_a_sink_outage": 139,
-    "tests/fault/test_soak.py::test_soak_under_driver_and_executor_kills_and_a_sink_outage[kafka]": 190,
-    "tests/fault/test_soak.py::test_soak_under_driver_and_executor_kills_and_a_sink_outage[files+standby]": 119,
-    "tests/fault/test_fault_driver_kill.py::test_driver_killed_repeatedly_output_exact": 68,
-    "tests/fault/test_fault_standby.py::test_standby_takes_over_a_frozen_then_a_killed_leader_output_exact": 65,
-    "tests/fault/test_fault_cli.py::test_mismatched_checkpoint_exit_3_then_fresh_run_stops_gracefully": 60,
-    "tests/connectors/test_exactly_once.py::test_kafka_to_postgres_exactly_once_through_kills_an_executor_kill_and_a_broker_restart": 88,
-    "tests/connectors/test_exactly_once.py::test_kafka_to_kafka_exactly_once_through_kills_and_a_broker_restart": 82,
-    "tests/fault/test_fault_overload.py::test_sigkill_during_overload_loses_and_repeats_nothing": 74,
-    "tests/connectors/test_exactly_once.py::test_jetstream_to_postgres_exactly_once_through_kills_and_a_broker_restart": 61,
-    "tests/fault/test_fault_executor_loss.py::test_executor_killed_mid_batch_output_unchanged": 56,
-    "tests/connectors/test_exactly_once.py": 48,
-    "tests/test_example_programs.py::test_an_example_gives_the_same_output_on_both_engines_with_a_bare_path[stateful_wordcount]": 48,
-    "tests/fault/test_fault_checkpoint.py::test_a_restarted_window_subtracts_its_durable_batches_instead_of_recomputing_them": 47,
-    "tests/test_example_programs.py::test_an_example_gives_the_same_output_on_both_engines_with_a_bare_path[windowed_counts]": 46,
-    "tests/test_example_programs.py::test_the_recoverable_example_restarts_without_calling_setup[pyspark]": 46,
-    "tests/test_workers_without_dstream.py::test_keyed_and_windowed_operators_run_on_workers_without_dstream": 43,
-    "tests/test_example_programs.py": 40,
-    "tests/fault/test_fault_cli.py::test_a_batch_failing_for_good_exits_5_uncommitted_and_runs_again_after_a_restart": 36,
+    "tests/fault/test_soak.py::test_soak_under_driver_and_executor_kills_and_a_sink_outage[files+standby]": 130,
+    "tests/fault/test_soak.py::test_soak_under_driver_and_executor_kills_and_a_sink_outage[redis]": 123,
+    "tests/test_example_programs.py::test_an_example_gives_the_same_output_on_both_engines_with_a_bare_path[windowed_counts]": 103,
+    "tests/fault/test_fault_standby.py::test_a_leader_stopped_mid_batch_hands_the_lead_to_its_standby_at_once": 103,
+    "tests/test_example_programs.py::test_an_example_gives_the_same_output_on_both_engines_with_a_bare_path[stateful_wordcount]": 94,
+    "tests/fault/test_fault_driver_kill.py::test_driver_killed_repeatedly_output_exact": 91,
+    "tests/fault/test_fault_standby.py::test_standby_takes_over_a_frozen_then_a_killed_leader_output_exact": 89,
+    "tests/test_example_programs.py::test_the_recoverable_example_restarts_without_calling_setup[dstream]": 75,
+    "tests/fault/test_fault_cli.py::test_mismatched_checkpoint_exit_3_then_fresh_run_stops_gracefully": 69,
+    "tests/fault/test_fault_overload.py::test_sigkill_during_overload_loses_and_repeats_nothing": 68,
+    "tests/fault/test_fault_executor_loss.py::test_executor_killed_mid_batch_output_unchanged": 67,
+    "tests/connectors/test_exactly_once.py::test_kafka_to_kafka_exactly_once_through_kills_and_a_broker_restart": 65,
+    "tests/connectors/test_exactly_once.py::test_kafka_to_postgres_exactly_once_through_kills_an_executor_kill_and_a_broker_restart": 65,
+    "tests/test_example_programs.py::test_an_example_gives_the_same_output_on_both_engines_with_a_bare_path[transform_join]": 57,
+    "tests/test_workers_without_dstream.py::test_keyed_and_windowed_operators_run_on_workers_without_dstream": 52,
+    "tests/fault/test_fault_cli.py::test_a_batch_failing_for_good_exits_5_uncommitted_and_runs_again_after_a_restart": 48,
+    "tests/connectors/test_exactly_once.py": 42,
+    "tests/test_example_programs.py": 41,
+    "tests/fault/test_fault_checkpoint.py::test_a_restarted_window_subtracts_its_durable_batches_instead_of_recomputing_them": 39,
 }
 
 
