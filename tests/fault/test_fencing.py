@@ -5,6 +5,7 @@ opens conflict within one process as they do between processes."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from dstream.runtime.checkpoint import CheckpointDir, LogConflictError, write_document
@@ -186,3 +187,30 @@ def test_an_election_replaces_the_lock_and_its_loss_deposes_the_leader(tmp_path)
     assert follower.acquire(wait=True).epoch == 2  # held by b already: b leads at once
     follower.release()
     assert ballot.holder is None  # a clean stop lets the other driver in at once
+
+
+def test_a_deposed_leaders_prune_leaves_the_newer_leaders_checkpoints(tmp_path):
+    """A leader frozen past its fence check in the middle of a prune wakes up after a newer
+    leader has written state checkpoints in its own run's directory: it must not delete them,
+    while the newer leader still clears what the older runs left."""
+    ledger, checkpoint = EpochLedger(tmp_path), CheckpointDir(tmp_path)
+    old, new = claim_epoch(ledger, NextEpoch()), claim_epoch(ledger, NextEpoch())
+    assert old.claimed_at == os.stat(ledger.path(1)).st_mtime <= new.claimed_at
+
+    def state_checkpoint(run: str, written_at: float):
+        directory = checkpoint.state_dir / run / "rdd-7"
+        directory.mkdir(parents=True)
+        (directory / "part-00000").write_bytes(b"x")
+        os.utime(directory, (written_at, written_at))
+        return directory
+
+    old_runs = state_checkpoint("old-run", old.claimed_at - 60)  # superseded, in nobody's force
+    newer_leaders = state_checkpoint("new-run", new.claimed_at + 1)
+    checkpoint.prune(0, set(), f"file:{tmp_path}/state/deposed-run", old.claimed_at)
+    assert newer_leaders.exists() and not old_runs.exists()
+
+    late_write = state_checkpoint("deposed-run", new.claimed_at + 2)  # after it lost the lead
+    in_force = {f"file:{newer_leaders}"}
+    checkpoint.prune(0, in_force, f"file:{newer_leaders.parent}", new.claimed_at)
+    assert newer_leaders.exists()
+    assert late_write.exists(), "left for a later leader: written after this one's claim"

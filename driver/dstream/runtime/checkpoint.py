@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -306,11 +307,20 @@ class CheckpointDir:
                         entry.unlink(missing_ok=True)
         return state
 
-    def prune(self, keep_from_ms: int, keep_state_paths: set[str], current_run: str | None) -> None:
+    def prune(
+        self,
+        keep_from_ms: int,
+        keep_state_paths: set[str],
+        current_run: str | None,
+        others_before: float = math.inf,
+    ) -> None:
         """Drop log entries older than keep_from_ms and state checkpoints no longer in force.
 
         `current_run` is this SparkContext's checkpoint directory: only there can a checkpoint
-        still be in the middle of being written (earlier runs' leftovers are simply dropped)."""
+        still be in the middle of being written (earlier runs' leftovers are simply dropped).
+        Another run's checkpoint goes only if it was written before `others_before`, the
+        pruning driver's claim of its epoch: whatever a newer leader wrote is newer, and a
+        driver deposed in the middle of a prune, frozen and thawed, must not delete it."""
         if self.log_dir.exists():
             for entry in self.log_dir.iterdir():
                 match = _BATCH_FILE.match(entry.name) or _COMMIT_FILE.match(entry.name)
@@ -325,6 +335,8 @@ class CheckpointDir:
             this_run = resolved == running
             for rdd_dir in run_dir.glob("rdd-*"):
                 if resolved / rdd_dir.name in keep or (this_run and _being_written(rdd_dir)):
+                    continue
+                if not this_run and not _written_before(rdd_dir, others_before):
                     continue
                 shutil.rmtree(rdd_dir, ignore_errors=True)
             if not this_run and _abandoned(run_dir):
@@ -419,6 +431,14 @@ def _abandoned(run_dir: Path) -> bool:
             not any(run_dir.iterdir()) and time.time() - run_dir.stat().st_mtime > _FRESH_RUN_DIR_S
         )
     except FileNotFoundError:  # another driver's prune removed it meanwhile
+        return False
+
+
+def _written_before(rdd_dir: Path, moment: float) -> bool:
+    """Whether the checkpoint's directory last changed before `moment` (False once gone)."""
+    try:
+        return rdd_dir.stat().st_mtime < moment
+    except FileNotFoundError:
         return False
 
 

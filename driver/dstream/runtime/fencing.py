@@ -28,6 +28,7 @@ remember the epochs that wrote to them.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import socket
@@ -170,10 +171,13 @@ def set_current_fence(fence: Fence | None) -> None:
 
 @dataclass(frozen=True)
 class Fence:
-    """The epoch this driver writes under, checked against the ledger before every write."""
+    """The epoch this driver writes under, checked against the ledger before every write, and
+    when it was claimed by the checkpoint's own clock (the claim file's modification time
+    then): every file a newer leader writes there is newer (inf: not known)."""
 
     ledger: EpochLedger
     epoch: int
+    claimed_at: float = math.inf
 
     def check(self) -> None:
         """DeposedError when a newer epoch than this driver's has been claimed."""
@@ -207,5 +211,6 @@ def claim_epoch(ledger: EpochLedger, source: EpochSource) -> Fence:
         epoch = source.next_epoch(ledger.newest())
         if ledger.claim(epoch):
             log.info("claimed epoch %d of %s", epoch, ledger.directory.parent)
-            return Fence(ledger, epoch)
+            claimed_at = ledger.renewed_at(epoch)  # None: deposed and its claim dropped already
+            return Fence(ledger, epoch, 0.0 if claimed_at is None else claimed_at)
         time.sleep(0.01)  # lost the race for this number: read the newest again

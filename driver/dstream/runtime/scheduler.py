@@ -20,6 +20,7 @@ pyspark.streaming, which keeps a rate source's batches a pure function of time.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -675,9 +676,10 @@ class BatchScheduler:
         oldest = self._graph.oldest_checkpoint_in_force()
         anchor = oldest if oldest is not None else time_ms
         keep_from = anchor - self._graph.max_remember_ms() - self._graph.batch_ms
+        claimed_at = math.inf if self.fence is None else self.fence.claimed_at
         try:
             self._checkpoint.prune(
-                keep_from, self._graph.state_paths_in_force(), self._graph.state_run_dir
+                keep_from, self._graph.state_paths_in_force(), self._graph.state_run_dir, claimed_at
             )
         except OSError as error:
             log.warning("pruning the checkpoint failed (%s); the next commit tries again", error)
