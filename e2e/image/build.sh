@@ -352,6 +352,11 @@ ensure_base_image() {
   touch "${stamp}"
 }
 
+build_layers() {
+  run_step build "${BUILDAH[@]}" bud --isolation chroot --pull=never --layers --force-rm \
+    --format docker --tag "localhost/${IMAGE_REF}" --file "${ROOT}/Dockerfile" "${ROOT}"
+}
+
 ensure_image_tarball() {
   local key
   STEP="hash build context"
@@ -363,8 +368,14 @@ ensure_image_tarball() {
   fi
   say "image: building (key ${key})"
   make_tmp
-  run_step build "${BUILDAH[@]}" bud --isolation chroot --pull=never --layers --force-rm \
-    --format docker --tag "localhost/${IMAGE_REF}" --file "${ROOT}/Dockerfile" "${ROOT}"
+  build_layers || {
+    # A RUN step failed once with "Close_Fd sealing memfd copy: Device or resource busy"
+    # (buildah's chroot isolation) and the same build passed at the next attempt. The cached
+    # layers make the retry start at the failed step.
+    grep -q "sealing memfd copy" "${STEP_LOG}" || return 1
+    say "step build: buildah could not seal its memfd copy (transient); trying once more"
+    build_layers
+  }
   run_step archive "${BUILDAH[@]}" push --quiet "localhost/${IMAGE_REF}" \
     "docker-archive:${TMP_DIR}/image.tar:${IMAGE_REF}"
   mkdir -p "${CACHE}/images"
