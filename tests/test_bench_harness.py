@@ -352,6 +352,23 @@ def test_a_fault_runs_on_another_layout_of_its_own_kind_of_master_only(monkeypat
     assert f"runs on {faults.LOCAL_CLUSTER}" in capsys.readouterr().err
 
 
+def test_dstreams_executors_start_as_dstream_run_starts_them_and_the_peers_as_sparks_do():
+    """The bench runs each engine's JVMs as its users get them: dstream's executors compile
+    with C1 only (`service/job.py`), an option given on the command line after it (the JVM
+    takes the last); the peers' with Spark's defaults."""
+    from dstream.service.job import QUICK_JIT
+
+    from bench.common import DAEMONS
+    from bench.throughput.systems import system_conf
+
+    master, key = "local-cluster[2,1,1024]", "spark.executor.extraJavaOptions"
+    given = "-XX:TieredStopAtLevel=4"
+    dstream = dict(system_conf("dstream", master, 2, DAEMONS[0], [f"{key}={given}"]).getAll())
+    assert dstream[key] == f"{QUICK_JIT} {given}"
+    for peer in ("pyspark.streaming", "structured"):
+        assert key not in dict(system_conf(peer, master, 2, DAEMONS[0]).getAll())
+
+
 def test_repeated_kills_count_a_recovery_not_seen_as_the_longest():
     from bench.recovery.faults import percentiles
 

@@ -24,8 +24,8 @@ import time
 import psutil
 from pyspark import SparkContext
 
-from bench.common import DAEMONS, PARTITIONS, emit, spark_conf
-from bench.throughput.systems import SYSTEM_CLASSES, Batch, StructuredSystem, System
+from bench.common import DAEMONS, PARTITIONS, emit
+from bench.throughput.systems import SYSTEM_CLASSES, Batch, StructuredSystem, System, system_conf
 
 ON_SCHEDULE = 10  # batches in a row started on time before a kill: the job is in its steady state
 
@@ -82,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="ERROR")
     parser.add_argument("--batch-ms", type=int, default=1000, help="the batch interval")
     args = parser.parse_args(argv)
-    conf = spark_conf(args.master, args.partitions, args.daemon)
-    conf.setAll([tuple(setting.split("=", 1)) for setting in args.conf])
+    conf = system_conf(args.system, args.master, args.partitions, args.daemon, args.conf)
     sc = SparkContext(conf=conf)
     sc.setLogLevel(args.log_level)
     try:

@@ -22,15 +22,15 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from dstream.runtime import latency
 from dstream.runtime.latency import BatchLatency
-from pyspark import SparkContext
+from pyspark import SparkConf, SparkContext
 
-from bench.common import RECORD_BYTES, SEED
+from bench.common import RECORD_BYTES, SEED, spark_conf
 from bench.throughput import feed, programs
 from bench.throughput.kafka_input import WATERMARK_DELAY, Fed, KafkaFeed
 from bench.throughput.reference import (
@@ -87,6 +87,16 @@ class TrialRun:
     settled_after: int = 0  # batches after the warm-up until one started on schedule
 
 
+def system_conf(
+    system: str, master: str, partitions: int, daemon: str, settings: Sequence[str] = ()
+) -> SparkConf:
+    """The shared settings (`spark_conf`), then `settings` (KEY=VALUE), then the JVM options
+    `system`'s engine starts its JVMs with, put before any `settings` gave, so those win."""
+    conf = spark_conf(master, partitions, daemon)
+    conf.setAll([tuple(setting.split("=", 1)) for setting in settings])
+    return conf.setAll(list(SYSTEM_CLASSES[system].jvm_settings(conf.getAll()).items()))
+
+
 class System:
     """Base: a SparkContext, a job started per trial, and the batches its listener reports."""
 
@@ -102,6 +112,12 @@ class System:
         self.batch_ms = 1000  # the batch interval of the jobs `start` starts (`run` sets it)
         self._batches: list[Batch] = []
         self._changed = threading.Condition()
+
+    @staticmethod
+    def jvm_settings(conf: list[tuple[str, str]]) -> dict[str, str]:
+        """The JVM options its engine starts its JVMs with, over the shared settings: none
+        (Spark's defaults) unless it ships others."""
+        return {}
 
     def _record(self, batch: Batch) -> None:
         with self._changed:
@@ -230,6 +246,14 @@ class DStreamSystem(System):
     def __init__(self, sc: SparkContext, partitions: int, kafka: KafkaFeed | None = None):
         super().__init__(sc, partitions, kafka)
         self.read: dict[int, Slices] = {}  # batch time -> the Kafka offsets it read
+
+    @staticmethod
+    def jvm_settings(conf: list[tuple[str, str]]) -> dict[str, str]:
+        """dstream's executors compile with C1 only, as `dstream run` starts them: measured
+        without it, an executor's loss cost the C2 compiler's start-up on the spare cores."""
+        from dstream.service.job import jit_settings
+
+        return jit_settings(conf)
 
     def start(self, workload: str, variant: str, rate: int, checkpoint: str) -> Callable[[], None]:
         from dstream import StreamingContext

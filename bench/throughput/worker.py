@@ -20,11 +20,11 @@ from typing import Any
 
 from pyspark import SparkContext
 
-from bench.common import DAEMONS, PARTITIONS, emit, spark_conf
+from bench.common import DAEMONS, PARTITIONS, emit
 from bench.throughput import programs
 from bench.throughput.kafka_input import KafkaFeed, connector_jars
 from bench.throughput.reference import check_outputs
-from bench.throughput.systems import SYSTEM_CLASSES, System
+from bench.throughput.systems import SYSTEM_CLASSES, System, system_conf
 from bench.throughput.trial import judge
 
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kafka", metavar="BOOTSTRAP", help="read a topic fed on this broker")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    conf = spark_conf(args.master, args.partitions, args.daemon)
+    conf = system_conf(args.system, args.master, args.partitions, args.daemon)
     if args.kafka and args.system == "structured":
         conf.set("spark.jars", ",".join(connector_jars()))
     sc = SparkContext(conf=conf)
