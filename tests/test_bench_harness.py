@@ -342,7 +342,9 @@ def test_a_fault_runs_on_another_layout_of_its_own_kind_of_master_only(monkeypat
 
     masters = []
     monkeypatch.setattr(
-        faults, "executor_kill", lambda subject, kills, every, master: masters.append(master) or {}
+        faults,
+        "executor_kill",
+        lambda subject, kills, every, master, cpu: masters.append(master) or {},
     )
     executor = ["--rate", "1000", "--fault", f"executor, {faults.LOCAL_CLUSTER}"]
     assert faults.main([*executor, "--master", "local-cluster[2,2,1024]"]) == 0
@@ -367,6 +369,74 @@ def test_dstreams_executors_start_as_dstream_run_starts_them_and_the_peers_as_sp
     assert dstream[key] == f"{QUICK_JIT} {given}"
     for peer in ("pyspark.streaming", "structured"):
         assert key not in dict(system_conf(peer, master, 2, DAEMONS[0]).getAll())
+
+
+def test_a_kills_cpu_is_read_per_role_and_the_replacement_jvms_per_thread_group():
+    """From the kill to the recovery: the executor JVM first seen after the kill and the
+    Python workers under it are the replacement's, the rest the survivor's; what the run's
+    processes and the idle time leave of the cores is other processes'."""
+    from bench.recovery.cpu import Sample, medians, spent
+
+    driver, survivor, killed, new = 10, 20, 21, 30
+    roles = {driver: "driver JVM", survivor: "executor JVM", killed: "executor JVM"}
+    roles |= {40: "Python workers", 41: "Python workers", 50: "Python workers"}
+    parents = {40: survivor, 41: 40, 50: new}
+    before = Sample(
+        100.0,
+        1000.0,
+        {driver: 5.0, survivor: 3.0, killed: 3.0, 40: 1.0, 41: 2.0},
+        roles,
+        parents,
+        {survivor: {"tasks": 1.0}, killed: {"tasks": 1.0}},
+    )
+    threads = {"C2 compiler": 5.0, "main (start-up)": 2.0, "tasks": 2.0}
+    after = Sample(
+        110.0,
+        1002.0,
+        {driver: 7.0, survivor: 4.0, new: 9.0, 40: 1.0, 41: 4.0, 50: 3.0},
+        roles | {new: "executor JVM"},
+        parents,
+        {survivor: {"tasks": 1.5}, new: threads},
+    )
+    read = spent([before, after], 100.5, 110.2, cores=2)
+    assert read.window_s == 10.0
+    assert read.cpu_s == {
+        "driver JVM": 2.0,
+        "idle": 2.0,
+        "other processes": 1.0,
+        "replacement's Python workers": 3.0,
+        "replacement's executor JVM": 9.0,
+        "survivor's Python workers": 2.0,
+        "survivor's executor JVM": 1.0,
+    }
+    assert read.replacement_threads_cpu_s == threads
+    assert spent([after], 100.0, 110.0) is None  # nothing sampled by the kill
+    later = spent([before, after], 100.0, 110.0, cores=4)
+    assert later.cpu_s["other processes"] == 21.0
+    assert medians([read, later])["cpu_s"]["other processes"] == 11.0
+
+
+def test_the_sampler_reads_a_running_jvms_threads_by_group(tmp_path):
+    """A real JVM: its compiler and start-up threads are found by their names and their CPU
+    counted, and a process of no known role is set apart."""
+    from bench.recovery.cpu import sample, thread_cpu_s
+
+    program = tmp_path / "Busy.java"
+    program.write_text(
+        "public class Busy { public static void main(String[] a) throws Exception {"
+        " long n = 0; for (long i = 0; i < 400_000_000L; i++) { n += i % 7; }"
+        " System.out.println(n); System.in.read(); } }"
+    )
+    jvm = subprocess.Popen(["java", str(program)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert jvm.stdout.readline().strip()  # the loop is done: its code was compiled
+        moment, groups = sample(jvm.pid), thread_cpu_s(jvm.pid)
+    finally:
+        jvm.kill()
+        jvm.wait()
+    assert moment.role == {jvm.pid: "the run's other processes"}
+    assert moment.cpu_s[jvm.pid] >= groups["main (start-up)"] > 0.1
+    assert groups.get("C1 compiler", 0) + groups.get("C2 compiler", 0) > 0
 
 
 def test_repeated_kills_count_a_recovery_not_seen_as_the_longest():

@@ -30,10 +30,11 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench.common import DAEMONS, kill_group, start_process
+from bench.recovery.cpu import Sample, Sampler, Spent, medians, spent
 from bench.recovery.subject import kill_gap
 from bench.throughput.systems import SYSTEM_CLASSES
 
@@ -175,12 +176,16 @@ def summarize(
 
 
 def executor_kill(
-    subject: Subject, kills: int = 1, every: int = AFTER, master: str = LOCAL_CLUSTER
+    subject: Subject,
+    kills: int = 1,
+    every: int = AFTER,
+    master: str = LOCAL_CLUSTER,
+    cpu: bool = False,
 ) -> dict[str, Any]:
     """Executor JVMs of a local-cluster killed in turn, the first once the job is on schedule
     after BEFORE batches, each later one once it is again and at least `every` batches after
     the one before (subject.py); one kill's summary, or with several, each one's and their
-    percentiles."""
+    percentiles. With `cpu`, each kill's CPU-seconds per role up to its recovery (cpu.py)."""
     checkpoint = tempfile.mkdtemp(prefix=f"bench-recovery-{subject.system}-")
     extra = (
         "--kill-executor-after",
@@ -193,10 +198,12 @@ def executor_kill(
     batches = BEFORE + sum(kill_gap(every, kill) for kill in range(kills))
     command = recover_command(subject, checkpoint, batches, master, *extra)
     run = RecoverProcess(command, f"recovery-executor-{subject.system}.log")
+    sampler = Sampler(run.process.pid) if cpu else None
     try:
         run.finish(timeout_s=6 * 4 * batches * subject.batch_ms / 1000 + 120)
     finally:
         shutil.rmtree(checkpoint, ignore_errors=True)
+    samples = sampler.stop() if sampler else []
     killed = [e["ms"] for e in run.events if e["event"] == "killed" and e.get("pid") is not None]
     if len(killed) < kills:
         return {"error": f"{len(killed)} of {kills} executors killed (see the log)"}
@@ -215,7 +222,21 @@ def executor_kill(
         )
         for previous, fault_ms, end in zip([0, *killed[:-1]], killed, ends, strict=True)
     ]
+    if cpu:
+        add_cpu(each, killed, ends, samples)
     return each[0] if kills == 1 else percentiles(each, subject.batch_ms)
+
+
+def add_cpu(
+    each: list[dict[str, Any]], killed: list[int], ends: list[int | None], samples: list[Sample]
+) -> None:
+    """Each kill's CPU-seconds per role, from the kill to its recovery (or to the next kill)."""
+    for kill, fault_ms, end in zip(each, killed, ends, strict=True):
+        until = fault_ms / 1000 + kill["recovery_s"] if kill.get("recovered") else None
+        if until is None:
+            until = end / 1000 if end is not None else samples[-1].t if samples else 0.0
+        read = spent(samples, fault_ms / 1000, until)
+        kill["cpu"] = None if read is None else asdict(read)
 
 
 def nearest_rank(values: list[float | None], share: float) -> float | None:
@@ -247,7 +268,14 @@ def percentiles(each: list[dict[str, Any]], batch_ms: int) -> dict[str, Any]:
         "baseline_ms": statistics.median(k["baseline_ms"] for k in each),
         "peak_p50_ms": statistics.median(k.get("peak_ms", 0) for k in each),
         "each": [{key: v for key, v in k.items() if key != "timeline"} for k in each],
+        **cpu_medians(each),
     }
+
+
+def cpu_medians(each: list[dict[str, Any]]) -> dict[str, Any]:
+    """The kills' median CPU-seconds per role, where they were read."""
+    read = [Spent(**k["cpu"]) for k in each if k.get("cpu")]
+    return {"cpu_p50": medians(read)} if read else {}
 
 
 def driver_restart(subject: Subject, master: str) -> dict[str, Any]:
@@ -342,6 +370,11 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-ms", type=int, default=1000, help="the batch interval (a slower machine)"
     )
     parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="executor fault: each kill's CPU-seconds per process role up to its recovery",
+    )
+    parser.add_argument(
         "--master",
         help="the fault's cluster in another layout, e.g. local-cluster[2,2,1024] (its maximum "
         "measured in that layout)",
@@ -368,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         result = driver_restart(subject, master)
     else:
         every = args.kill_every if args.kills > 1 else AFTER
-        result = executor_kill(subject, args.kills, every, master)
+        result = executor_kill(subject, args.kills, every, master, args.cpu)
     print(json.dumps({k: v for k, v in result.items() if k != "timeline"}, indent=1))
     delays = (f"{b['t_s']:.1f}s:{b['delay_ms']}ms" for b in result.get("timeline", []))
     print("timeline (since the fault: delay):", " ".join(delays), file=sys.stderr)
