@@ -63,7 +63,8 @@ def spark_conf(master: str, partitions: int, daemon: str) -> SparkConf:
     """The same Spark settings for every system: local, `partitions` tasks per stage, and the
     Python worker daemon under test. Python workers run this interpreter (the venv, where
     dstream and bench import): PySpark reads PYSPARK_PYTHON when the SparkContext starts, and
-    PYTHONPATH reaches the workers."""
+    PYTHONPATH reaches the workers. Nothing is taken from a JVM already running in this process
+    (a test's SparkContext)."""
     from dstream.worker import pydaemon
     from pyspark import SparkConf
 
@@ -86,7 +87,7 @@ def spark_conf(master: str, partitions: int, daemon: str) -> SparkConf:
         settings += list(pydaemon.SPARK_CONF.items())
     elif daemon != "pyspark.daemon":
         raise ValueError(f"unknown worker daemon {daemon!r} (one of {DAEMONS})")
-    return SparkConf().setAll(settings)
+    return SparkConf(loadDefaults=False).setAll(settings)
 
 
 def start_process(command: list[str], log_name: str, stdin: bool = False) -> subprocess.Popen[str]:

@@ -60,11 +60,15 @@ def thread_group(name: str) -> str:
 
 
 def thread_cpu_s(pid: int) -> dict[str, float]:
-    """CPU-seconds of a process's threads, summed per thread group."""
+    """CPU-seconds of a process's threads, summed per thread group (a thread that ends while
+    they are read is left out; the process's own end raises)."""
     groups: dict[str, float] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/stat") as stat:
-            text = stat.read()
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+                text = stat.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
         name = text[text.index("(") + 1 : text.rindex(")")]
         fields = text[text.rindex(")") + 2 :].split()
         ticks = int(fields[11]) + int(fields[12])  # utime, stime
