@@ -416,6 +416,17 @@ def test_a_kills_cpu_is_read_per_role_and_the_replacement_jvms_per_thread_group(
     assert medians([read, later])["cpu_s"]["other processes"] == 11.0
 
 
+def test_each_kills_cpu_is_read_to_its_recovery_or_else_to_the_next_kill_or_the_end():
+    from bench.recovery.cpu import Sample
+    from bench.recovery.faults import add_cpu
+
+    samples = [Sample(float(t), float(t), {1: float(t)}, {1: "driver JVM"}) for t in range(40)]
+    each = [{"recovered": True, "recovery_s": 5.0}, {"recovered": False}, {"recovered": False}]
+    add_cpu(each, [10_000, 20_000, 30_000], [20_000, 30_000, None], samples)
+    assert [k["cpu"]["window_s"] for k in each] == [5.0, 10.0, 9.0]
+    assert each[0]["cpu"]["cpu_s"]["driver JVM"] == 5.0
+
+
 def test_the_sampler_reads_a_running_jvms_threads_by_group(tmp_path):
     """A real JVM: its compiler and start-up threads are found by their names and their CPU
     counted, and a process of no known role is set apart."""

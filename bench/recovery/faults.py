@@ -232,9 +232,12 @@ def add_cpu(
 ) -> None:
     """Each kill's CPU-seconds per role, from the kill to its recovery (or to the next kill)."""
     for kill, fault_ms, end in zip(each, killed, ends, strict=True):
-        until = fault_ms / 1000 + kill["recovery_s"] if kill.get("recovered") else None
-        if until is None:
-            until = end / 1000 if end is not None else samples[-1].t if samples else 0.0
+        if kill.get("recovered"):
+            until = fault_ms / 1000 + kill["recovery_s"]
+        elif end is not None:
+            until = end / 1000
+        else:
+            until = samples[-1].t if samples else 0.0
         read = spent(samples, fault_ms / 1000, until)
         kill["cpu"] = None if read is None else asdict(read)
 

@@ -249,8 +249,9 @@ class DStreamSystem(System):
 
     @staticmethod
     def jvm_settings(conf: list[tuple[str, str]]) -> dict[str, str]:
-        """dstream's executors compile with C1 only, as `dstream run` starts them: measured
-        without it, an executor's loss cost the C2 compiler's start-up on the spare cores."""
+        """dstream's executors compile with C1 only, as `dstream run` starts them: without it
+        a replacement executor's C2 compiler takes the cores its backlog drains on
+        (docs/fault-tolerance.md, "The executors as `dstream run` starts them")."""
         from dstream.service.job import jit_settings
 
         return jit_settings(conf)
