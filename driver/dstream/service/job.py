@@ -77,16 +77,14 @@ QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 
 def jit_settings(conf: list[tuple[str, str]]) -> dict[str, str]:
-    """The executors' JVMs, and outside local mode the driver's, compile with C1 only. After a
-    restart C2 competes for the cores with everything else a new executor does before its first
-    commit, and it bought no steady-state speed for dstream's jobs, whose records are handled in
-    Python while the JVM moves their bytes (docs/fault-tolerance.md, "The executors' JVMs
-    without C2"). In local mode (`local`, `local[N]`) the driver's JVM runs the tasks and keeps
-    both compilers."""
+    """The executors' JVMs, and on Kubernetes the driver's, compile with C1 only. After a restart
+    C2 competes for the cores with everything else a new executor does before its first commit,
+    and it bought no steady-state speed for dstream's jobs, whose records are handled in Python
+    while the JVM moves their bytes (docs/fault-tolerance.md, "The executors' JVMs without
+    C2"). In local mode the driver's JVM runs the tasks and keeps both compilers."""
     settings = dict(conf)
     keys = ["spark.executor.extraJavaOptions"]
-    master = settings.get("spark.master", "")
-    if not (master == "local" or master.startswith("local[")):
+    if settings.get("spark.master", "").startswith("k8s://"):
         keys.append("spark.driver.extraJavaOptions")
     return {key: f"{QUICK_JIT} {settings.get(key, '')}".strip() for key in keys}
 
