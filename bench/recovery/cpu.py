@@ -86,15 +86,14 @@ def sample(root: int) -> Sample:
         return now
     for process in processes:
         try:
-            times = process.cpu_times()
-            now.role[process.pid] = role_of(process.cmdline())
-            now.parent[process.pid] = process.ppid()
-            now.cpu_s[process.pid] = times.user + times.system
-            if now.role[process.pid] == "executor JVM":
-                now.threads[process.pid] = thread_cpu_s(process.pid)
+            times, role, parent = process.cpu_times(), role_of(process.cmdline()), process.ppid()
+            threads = thread_cpu_s(process.pid) if role == "executor JVM" else None
         except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
-            now.role.pop(process.pid, None)
-            now.cpu_s.pop(process.pid, None)
+            continue  # it ended while it was read: left out of this sample whole
+        now.cpu_s[process.pid] = times.user + times.system
+        now.role[process.pid], now.parent[process.pid] = role, parent
+        if threads is not None:
+            now.threads[process.pid] = threads
     return now
 
 

@@ -25,6 +25,7 @@ import psutil
 from pyspark import SparkContext
 
 from bench.common import DAEMONS, PARTITIONS, emit
+from bench.recovery.cpu import role_of
 from bench.throughput.systems import SYSTEM_CLASSES, Batch, StructuredSystem, System, system_conf
 
 ON_SCHEDULE = 10  # batches in a row started on time before a kill: the job is in its steady state
@@ -34,7 +35,7 @@ def kill_one_executor() -> int | None:
     """SIGKILL one executor JVM of this driver (local-cluster mode); its pid, if there was one."""
     for child in psutil.Process().children(recursive=True):
         try:
-            if "CoarseGrainedExecutorBackend" in " ".join(child.cmdline()):
+            if role_of(child.cmdline()) == "executor JVM":
                 os.kill(child.pid, signal.SIGKILL)
                 return child.pid
         except (psutil.NoSuchProcess, psutil.AccessDenied):
