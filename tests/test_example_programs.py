@@ -148,7 +148,9 @@ class Run:
 
 
 def totals(database: Path) -> Counter[str]:
-    with sqlite3.connect(database) as db:
+    """Waits for the lock as long as the program's own writers do (30 s): on a loaded machine a
+    batch's writer can hold it past sqlite's default of 5 s while the test reads."""
+    with sqlite3.connect(database, timeout=30) as db:
         return Counter(dict(db.execute("SELECT word, n FROM totals").fetchall()))
 
 
