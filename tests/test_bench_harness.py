@@ -355,9 +355,11 @@ def test_a_fault_runs_on_another_layout_of_its_own_kind_of_master_only(monkeypat
 
 
 def test_dstreams_executors_start_as_dstream_run_starts_them_and_the_peers_as_sparks_do():
-    """The bench runs each engine's JVMs as its users get them: dstream's executors compile
-    with C1 only (`service/job.py`), an option given on the command line after it (the JVM
-    takes the last); the peers' with Spark's defaults."""
+    """The bench runs each engine as its users get it: dstream's executors compile with C1
+    only (`service/job.py`), an option given on the command line after it (the JVM takes the
+    last), and refresh their peers every second (`runtime/state_storage.py`) unless the
+    command line says otherwise; the peers' with Spark's defaults."""
+    from dstream.runtime.state_storage import PEERS_TTL_KEY, SPARK_CONF
     from dstream.service.job import QUICK_JIT
 
     from bench.common import DAEMONS
@@ -367,8 +369,12 @@ def test_dstreams_executors_start_as_dstream_run_starts_them_and_the_peers_as_sp
     given = "-XX:TieredStopAtLevel=4"
     dstream = dict(system_conf("dstream", master, 2, DAEMONS[0], [f"{key}={given}"]).getAll())
     assert dstream[key] == f"{QUICK_JIT} {given}"
+    assert dstream[PEERS_TTL_KEY] == SPARK_CONF[PEERS_TTL_KEY]
+    own = dict(system_conf("dstream", master, 2, DAEMONS[0], [f"{PEERS_TTL_KEY}=60000"]).getAll())
+    assert own[PEERS_TTL_KEY] == "60000"
     for peer in ("pyspark.streaming", "structured"):
-        assert key not in dict(system_conf(peer, master, 2, DAEMONS[0]).getAll())
+        peer_conf = dict(system_conf(peer, master, 2, DAEMONS[0]).getAll())
+        assert key not in peer_conf and PEERS_TTL_KEY not in peer_conf
 
 
 def test_a_kills_cpu_is_read_per_role_and_the_replacement_jvms_per_thread_group():

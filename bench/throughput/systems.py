@@ -90,11 +90,12 @@ class TrialRun:
 def system_conf(
     system: str, master: str, partitions: int, daemon: str, settings: Sequence[str] = ()
 ) -> SparkConf:
-    """The shared settings (`spark_conf`), then `settings` (KEY=VALUE), then the JVM options
-    `system`'s engine starts its JVMs with, put before any `settings` gave, so those win."""
+    """The shared settings (`spark_conf`), then `settings` (KEY=VALUE), then the settings
+    `system`'s engine starts with, where `settings` did not give them (a JVM option before
+    theirs, so theirs win)."""
     conf = spark_conf(master, partitions, daemon)
     conf.setAll([tuple(setting.split("=", 1)) for setting in settings])
-    return conf.setAll(list(SYSTEM_CLASSES[system].jvm_settings(conf.getAll()).items()))
+    return conf.setAll(list(SYSTEM_CLASSES[system].engine_settings(conf.getAll()).items()))
 
 
 class System:
@@ -114,9 +115,9 @@ class System:
         self._changed = threading.Condition()
 
     @staticmethod
-    def jvm_settings(conf: list[tuple[str, str]]) -> dict[str, str]:
-        """The JVM options its engine starts its JVMs with, over the shared settings: none
-        (Spark's defaults) unless it ships others."""
+    def engine_settings(conf: list[tuple[str, str]]) -> dict[str, str]:
+        """The Spark settings and JVM options its engine starts with, over the shared
+        settings: none (Spark's defaults) unless it ships others."""
         return {}
 
     def _record(self, batch: Batch) -> None:
@@ -248,13 +249,18 @@ class DStreamSystem(System):
         self.read: dict[int, Slices] = {}  # batch time -> the Kafka offsets it read
 
     @staticmethod
-    def jvm_settings(conf: list[tuple[str, str]]) -> dict[str, str]:
-        """dstream's executors compile with C1 only, as `dstream run` starts them: without it
-        a replacement executor's C2 compiler takes the cores its backlog drains on
-        (docs/fault-tolerance.md, "The executors as `dstream run` starts them")."""
+    def engine_settings(conf: list[tuple[str, str]]) -> dict[str, str]:
+        """As `dstream run` starts: the executors compile with C1 only (without it a
+        replacement executor's C2 compiler takes the cores its backlog drains on), and they
+        ask the driver for their peers every second, so a second copy of state finds the
+        replacement (docs/fault-tolerance.md, "The executors as `dstream run` starts them",
+        "The second copy after a loss")."""
+        from dstream.runtime.state_storage import SPARK_CONF
         from dstream.service.job import jit_settings
 
-        return jit_settings(conf)
+        given = dict(conf)
+        unset = {key: value for key, value in SPARK_CONF.items() if key not in given}
+        return {**unset, **jit_settings(conf)}
 
     def start(self, workload: str, variant: str, rate: int, checkpoint: str) -> Callable[[], None]:
         from dstream import StreamingContext

@@ -1,18 +1,28 @@
 """Executor loss: state RDDs are kept in one copy by default, two with
 `spark.dstream.state.replication=2` (the spec's sparkConf or --conf), so that a lost executor's
 share of the cached state and window reductions is read from the other copy instead of
-recomputed from the source. Output exactness across a kill is test_fault_executor_loss's."""
+recomputed from the source, also at a second loss soon after the first. Output exactness
+across a kill is test_fault_executor_loss's."""
 
 from __future__ import annotations
 
+import json
 import operator
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
 
 import pytest
 from dstream import StreamingContext
-from dstream.runtime.state_storage import REPLICATION_KEY, storage_level
+from dstream.runtime.state_storage import PEERS_TTL_KEY, REPLICATION_KEY, SPARK_CONF, storage_level
 from dstream.service.job import spark_conf
 from fault.test_fault_speculation import job  # a minimal spec
 from pyspark import StorageLevel
+from running_driver import QUICK_JIT
+
+SECOND_LOSS = Path(__file__).parent.parent / "programs" / "second_loss.py"
 
 
 def test_state_has_one_copy_unless_asked_for_two():
@@ -26,6 +36,12 @@ def test_the_spec_and_the_command_line_set_the_copies():
     assert storage_level(spec_conf.get(REPLICATION_KEY)) == StorageLevel.MEMORY_ONLY_2
     cli_conf = spark_conf(job(sparkConf={REPLICATION_KEY: "2"}), None, {REPLICATION_KEY: "1"})
     assert storage_level(cli_conf.get(REPLICATION_KEY)) == StorageLevel.MEMORY_ONLY
+
+
+def test_executors_ask_the_driver_for_their_peers_every_second_unless_the_spec_says_otherwise():
+    assert spark_conf(job(), None, {}).get(PEERS_TTL_KEY) == SPARK_CONF[PEERS_TTL_KEY] == "1000"
+    own = spark_conf(job(sparkConf={PEERS_TTL_KEY: "5000"}), None, {})
+    assert own.get(PEERS_TTL_KEY) == "5000"
 
 
 def test_a_bad_setting_is_refused_naming_it():
@@ -48,6 +64,37 @@ def test_state_streams_take_the_level_from_the_context_settings(sc):
     assert all(s._storage_level == StorageLevel.MEMORY_ONLY for s in state_streams(sc))
     sc._conf.set(REPLICATION_KEY, "2")  # the live context's settings, as sparkConf would set
     try:
-        assert all(s._storage_level == StorageLevel.MEMORY_ONLY_2 for s in state_streams(sc))
+        with pytest.warns(UserWarning, match=PEERS_TTL_KEY):
+            assert all(s._storage_level == StorageLevel.MEMORY_ONLY_2 for s in state_streams(sc))
+        sc._conf.set(PEERS_TTL_KEY, SPARK_CONF[PEERS_TTL_KEY])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            state_streams(sc)
     finally:
         sc._conf._jconf.remove(REPLICATION_KEY)
+        sc._conf._jconf.remove(PEERS_TTL_KEY)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("settings", ["engine", "spark"])
+def test_a_survivors_blocks_keep_their_second_copy_through_the_next_loss(settings):
+    """tests/programs/second_loss.py on `local-cluster[2,1,1024]`: after one executor's loss the
+    survivor stores blocks alone, the replacement registers, the survivor stores more, then it
+    is lost too. With the engine's peer cache of a second its later blocks had their second
+    copy on the replacement and none is computed again; with Spark's 60 s cache it still knew
+    no peer, and every one is (what made the first batch after a kill recompute the state from
+    its last checkpoint, docs/fault-tolerance.md)."""
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_TOOL_OPTIONS"}
+    done = subprocess.run(
+        [sys.executable, str(SECOND_LOSS), settings],
+        env={**env, "SPARK_LOCAL_IP": "127.0.0.1", "JAVA_TOOL_OPTIONS": QUICK_JIT},
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["stored_alone"], "the replacement registered before the survivor stored alone"
+    assert seen["on_survivor"], "the survivor stored none of the blocks between the losses"
+    assert seen["recomputed"] == ([] if settings == "engine" else seen["on_survivor"])

@@ -16,7 +16,7 @@ from pyspark import SparkConf, SparkContext
 
 from dstream.connectors import create_sink, create_source
 from dstream.context import StreamingContext
-from dstream.runtime import pools, timeline
+from dstream.runtime import pools, state_storage, timeline
 from dstream.runtime.failure import BatchFailedError
 from dstream.runtime.fencing import DeposedError, move_aside_keeping_epoch
 from dstream.runtime.scheduler import BatchInfo, BatchScheduler
@@ -40,6 +40,7 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
     settings: dict[str, str] = {
         **pydaemon.SPARK_CONF,
         **pools.SPARK_CONF,
+        **state_storage.SPARK_CONF,
         "spark.app.name": f"dstream-{job.metadata.name}",
         "spark.ui.showConsoleProgress": "false",
         # On Kubernetes Spark holds a new SparkContext back until 80% of its executors have
