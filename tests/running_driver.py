@@ -8,6 +8,7 @@ JIT compiler only).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -74,6 +75,22 @@ def run_until_exit(path: Path, timeout_s: float = 240) -> subprocess.CompletedPr
         timeout=timeout_s,
         env={**os.environ, "DSTREAM_SPARK_LOG_LEVEL": "ERROR"},
     )
+
+
+def program_output(program: Path, *args: str, timeout_s: float = 540) -> Any:
+    """A test program run as a user would run it, in a process of its own (a SparkContext of
+    its own settings) without the test modules on its path, its JVMs on the quick JIT only: the
+    JSON of its last output line."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, str(program), *args],
+        env={**env, "SPARK_LOCAL_IP": "127.0.0.1", "JAVA_TOOL_OPTIONS": QUICK_JIT},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @dataclass

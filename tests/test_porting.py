@@ -5,11 +5,7 @@ named tests exist; and the differences the table claims that no other test shows
 from __future__ import annotations
 
 import inspect
-import json
-import os
 import re
-import subprocess
-import sys
 import warnings
 from datetime import datetime
 from pathlib import Path
@@ -18,7 +14,7 @@ from typing import Any
 import dstream
 import pytest
 from dstream.runtime.failure import FailurePolicy
-from running_driver import QUICK_JIT
+from running_driver import program_output
 from streams import final_failure, manual_context, run_batches
 
 ROOT = Path(__file__).parent.parent
@@ -143,17 +139,7 @@ def test_failed_batches_surface_as_in_pyspark_streaming():
     """tests/programs/failing_batches.py: Spark's own test_dstream.py cases of failing
     functions, in a process of their own (the last needs a SparkConf of its own), its JVMs on
     the quick JIT only, as the tests' drivers."""
-    program = ROOT / "tests" / "programs" / "failing_batches.py"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run(
-        [sys.executable, str(program)],
-        env={**env, "SPARK_LOCAL_IP": "127.0.0.1", "JAVA_TOOL_OPTIONS": QUICK_JIT},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = program_output(ROOT / "tests" / "programs" / "failing_batches.py", timeout_s=600)
     for scenario in ("map", "transformWith", "skippedRaised"):
         assert "This is a special error" in seen[scenario], scenario
     assert seen["skipped"] == [[0], [2], [3]]

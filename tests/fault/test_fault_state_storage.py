@@ -6,11 +6,7 @@ across a kill is test_fault_executor_loss's."""
 
 from __future__ import annotations
 
-import json
 import operator
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -20,7 +16,7 @@ from dstream.runtime.state_storage import PEERS_TTL_KEY, REPLICATION_KEY, SPARK_
 from dstream.service.job import spark_conf
 from fault.test_fault_speculation import job  # a minimal spec
 from pyspark import StorageLevel
-from running_driver import QUICK_JIT
+from running_driver import program_output
 
 SECOND_LOSS = Path(__file__).parent.parent / "programs" / "second_loss.py"
 
@@ -85,16 +81,7 @@ def test_a_survivors_blocks_keep_their_second_copy_through_the_next_loss(setting
     copy on the replacement and none is computed again; with Spark's 60 s cache it still knew
     no peer, and every one is (what made the first batch after a kill recompute the state from
     its last checkpoint, docs/fault-tolerance.md)."""
-    env = {k: v for k, v in os.environ.items() if k != "JAVA_TOOL_OPTIONS"}
-    done = subprocess.run(
-        [sys.executable, str(SECOND_LOSS), settings],
-        env={**env, "SPARK_LOCAL_IP": "127.0.0.1", "JAVA_TOOL_OPTIONS": QUICK_JIT},
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = program_output(SECOND_LOSS, settings)
     assert seen["stored_alone"], "the replacement registered before the survivor stored alone"
     assert seen["on_survivor"], "the survivor stored none of the blocks between the losses"
     assert seen["recomputed"] == ([] if settings == "engine" else seen["on_survivor"])
