@@ -36,19 +36,27 @@ def executor_jvm() -> int:
 
 
 def executor_jvms() -> list[int]:
-    """This driver's executor JVMs, oldest first."""
-    found = [
-        p
-        for p in psutil.Process().children(recursive=True)
-        if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in p.cmdline()
-    ]
-    return [p.pid for p in sorted(found, key=lambda p: p.create_time())]
+    """This driver's executor JVMs, oldest first (a child that ends while it is read, such as
+    a Python worker, is passed over)."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in child.cmdline():
+                found.append((child.create_time(), child.pid))
+        except psutil.NoSuchProcess:
+            continue
+    return [pid for _, pid in sorted(found)]
+
+
+def registered(sc: SparkContext) -> int:
+    """The executors registered with the driver (its own block manager not counted)."""
+    return sc._jsc.sc().getExecutorMemoryStatus().size() - 1
 
 
 def wait_for_executors(sc: SparkContext, count: int) -> None:
-    """Until `count` executors (the driver not counted) are registered with the driver."""
+    """Until `count` executors are registered with the driver."""
     deadline = time.monotonic() + WAIT_S
-    while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 != count:
+    while registered(sc) != count:
         assert time.monotonic() < deadline, f"not {count} executors within {WAIT_S} s"
         time.sleep(0.05)
 
@@ -77,7 +85,7 @@ def main(settings: str) -> dict[str, object]:
     lose(sc, first)
     sc.parallelize(range(2), 2).persist(level).count()  # the survivor finds no peer
     expires = time.monotonic() + peers_ttl_ms / 1000
-    stored_alone = sc._jsc.sc().getExecutorMemoryStatus().size() - 1 == 1
+    stored_alone = registered(sc) == 1
     wait_for_executors(sc, 2)
     if settings == "engine":
         time.sleep(max(0.0, expires - time.monotonic()))  # the peer cache's own expiry
