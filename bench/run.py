@@ -33,7 +33,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from dstream.runtime.latency import LATENCY_BUCKETS_S
+from dstream.runtime.control.latency import LATENCY_BUCKETS_S
 
 from bench.common import DAEMONS, RESULTS
 from bench.machine import describe_machine, git_commit

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from dstream import StreamingContext
-from dstream.runtime.clock import ManualClock
-from dstream.runtime.failure import BatchFailedError
+from dstream.runtime.control.failure import BatchFailedError
+from dstream.runtime.scheduling.clock import ManualClock
 
 BATCH_TIMEOUT_S = 120
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import pytest
 from dstream import StreamingContext
 from dstream.dstream import DStream
-from dstream.runtime.backpressure import PIDRateEstimator, RateController
-from dstream.runtime.clock import ManualClock
-from dstream.runtime.scheduler import BatchInfo
+from dstream.runtime.control.backpressure import PIDRateEstimator, RateController
+from dstream.runtime.scheduling.clock import ManualClock
+from dstream.runtime.scheduling.scheduler import BatchInfo
 from dstream.sources import RateInputDStream
 from dstream.worker import textgen
 from streams import BATCH_TIMEOUT_S

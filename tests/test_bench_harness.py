@@ -359,7 +359,7 @@ def test_dstreams_executors_start_as_dstream_run_starts_them_and_the_peers_as_sp
     only (`service/job.py`), an option given on the command line after it (the JVM takes the
     last), and refresh their peers every second (`runtime/state_storage.py`) unless the
     command line says otherwise; the peers' with Spark's defaults."""
-    from dstream.runtime.state_storage import PEERS_TTL_KEY, SPARK_CONF
+    from dstream.runtime.state.memory import PEERS_TTL_KEY, SPARK_CONF
     from dstream.service.job import QUICK_JIT
 
     from bench.common import DAEMONS
@@ -1054,7 +1054,7 @@ def test_half_second_batches_hold_half_an_interval_and_pass_the_checker(sc, syst
 def _buckets(**records_by_bound: int) -> list[int]:
     """Records per LATENCY_BUCKETS_S bucket, given by bound (`s1_5=3`: 3 records in the
     bucket up to 1.5 s)."""
-    from dstream.runtime.latency import LATENCY_BUCKETS_S
+    from dstream.runtime.control.latency import LATENCY_BUCKETS_S
 
     counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
     for name, records in records_by_bound.items():

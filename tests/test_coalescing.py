@@ -15,9 +15,9 @@ from collections import Counter
 from typing import Any
 
 from dstream import StreamingContext
-from dstream.runtime.backpressure import PIDRateEstimator, RateController
-from dstream.runtime.checkpoint import CheckpointDir
-from dstream.runtime.clock import ManualClock
+from dstream.runtime.checkpoint.directory import CheckpointDir
+from dstream.runtime.control.backpressure import PIDRateEstimator, RateController
+from dstream.runtime.scheduling.clock import ManualClock
 from dstream.worker import textgen
 from streams import BATCH_TIMEOUT_S
 

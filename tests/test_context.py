@@ -10,7 +10,7 @@ from datetime import datetime
 
 import pytest
 from dstream import StreamingContext
-from dstream.runtime.failure import FailurePolicy
+from dstream.runtime.control.failure import FailurePolicy
 from dstream.sources import split_budget
 from streams import BATCH_TIMEOUT_S, collect, final_failure, manual_context, run_batches, run_op
 

@@ -1,4 +1,4 @@
-"""Durable batch reductions (dstream/runtime/durable.py): the part format, its torn-file detection, and
+"""Durable batch reductions (dstream/runtime/checkpoint/durable.py): the part format, its torn-file detection, and
 that a window's batches are written by the batch's own output job."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from dstream import StreamingContext
-from dstream.runtime import durable
-from dstream.runtime.checkpoint import CheckpointWriteError, TornFileError, local_path
-from dstream.runtime.clock import ManualClock
-from dstream.runtime.graph import READ_BY, DStreamGraph
-from dstream.runtime.scheduler import CHECKPOINT_ALL_MARKED
+from dstream.runtime.checkpoint import durable
+from dstream.runtime.checkpoint.files import CheckpointWriteError, TornFileError, local_path
+from dstream.runtime.scheduling.clock import ManualClock
+from dstream.runtime.scheduling.graph import READ_BY, DStreamGraph
+from dstream.runtime.scheduling.scheduler import CHECKPOINT_ALL_MARKED
 from pyspark.rdd import Partitioner, portable_hash
 from streams import collect, manual_context, run_batches
 

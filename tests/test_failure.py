@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dstream.runtime.failure import FailurePolicy
+from dstream.runtime.control.failure import FailurePolicy
 from dstream.service.job import spark_conf
 from dstream.spec import parse_job
 from pyspark import SparkConf

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 from dstream import StreamingContext
-from dstream.runtime.checkpoint import (
+from dstream.runtime.checkpoint.directory import (
     METADATA_VERSION,
     CheckpointDir,
     CheckpointMismatchError,
     CheckpointUnrecoverableError,
 )
-from dstream.runtime.clock import ManualClock
-from dstream.runtime.graph import GraphNotSerializableError
+from dstream.runtime.scheduling.clock import ManualClock
+from dstream.runtime.scheduling.graph import GraphNotSerializableError
 from py4j.protocol import Py4JJavaError
 
 BATCH_TIMEOUT_S = 120

@@ -5,7 +5,7 @@ taking, renewing and releasing the Lease are tested on the real API server
 from __future__ import annotations
 
 import pytest
-from dstream.runtime.kube_lease import ExpiryClock, LeaseView, kube_lease
+from dstream.runtime.leadership.kube_lease import ExpiryClock, LeaseView, kube_lease
 
 
 def lease(holder: str | None, renewed: str = "t1") -> LeaseView:

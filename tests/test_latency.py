@@ -1,4 +1,4 @@
-"""End-to-end latency per record (dstream.runtime.latency): the bins and percentiles, then the rate
+"""End-to-end latency per record (dstream.runtime.control.latency): the bins and percentiles, then the rate
 and file sources on a manual clock, where the test knows exactly when each record became
 available and when its batch committed."""
 
@@ -8,9 +8,9 @@ import bisect
 import os
 
 import pytest
-from dstream.runtime import latency
-from dstream.runtime.failure import FailurePolicy
-from dstream.runtime.latency import SliceReports
+from dstream.runtime.control import latency
+from dstream.runtime.control.failure import FailurePolicy
+from dstream.runtime.control.latency import SliceReports
 from dstream.service.metrics import StreamingMetrics
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -218,7 +218,7 @@ def test_a_file_stream_restored_from_a_checkpoint_older_than_latency_measures_to
     """A graph pickled before sources reported ages (no accumulator in it) restores and
     measures its records."""
     from dstream import StreamingContext
-    from dstream.runtime.clock import ManualClock
+    from dstream.runtime.scheduling.clock import ManualClock
 
     checkpoint, inputs = str(tmp_path / "checkpoint"), tmp_path / "in"
     inputs.mkdir()

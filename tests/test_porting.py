@@ -13,7 +13,7 @@ from typing import Any
 
 import dstream
 import pytest
-from dstream.runtime.failure import FailurePolicy
+from dstream.runtime.control.failure import FailurePolicy
 from running_driver import program_output
 from streams import final_failure, manual_context, run_batches
 

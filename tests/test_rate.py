@@ -8,8 +8,8 @@ import math
 
 import pytest
 from dstream.context import StreamingContext
-from dstream.runtime.backpressure import PIDRateEstimator, RateController
-from dstream.runtime.clock import ManualClock
+from dstream.runtime.control.backpressure import PIDRateEstimator, RateController
+from dstream.runtime.scheduling.clock import ManualClock
 from dstream.sources import FileInputDStream, RateInputDStream, split_budget
 
 BATCH_MS = 1000
@@ -237,7 +237,7 @@ def test_file_source_admits_whole_files_up_to_the_budget(ssc, tmp_path):
 
 def test_batches_overrunning_the_interval_at_the_floor_are_warned_about_once(caplog):
     slow = controller(initial=100)
-    with caplog.at_level(logging.WARNING, logger="dstream.runtime.backpressure"):
+    with caplog.at_level(logging.WARNING, logger="dstream.runtime.control.backpressure"):
         for batch in range(1, 8):
             slow.update(batch * BATCH_MS, 100, 2 * BATCH_MS, BATCH_MS)
     assert slow.rate_limit == 100
@@ -247,7 +247,7 @@ def test_batches_overrunning_the_interval_at_the_floor_are_warned_about_once(cap
 
 def test_an_overrun_above_the_floor_is_no_such_warning(caplog):
     busy = controller(initial=50_000)
-    with caplog.at_level(logging.WARNING, logger="dstream.runtime.backpressure"):
+    with caplog.at_level(logging.WARNING, logger="dstream.runtime.control.backpressure"):
         for batch in range(1, 4):
             busy.update(batch * BATCH_MS, 50_000, 2 * BATCH_MS, 0)
     assert busy.rate_limit > 100

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 
 from dstream import StreamingContext
-from dstream.runtime.clock import ManualClock
+from dstream.runtime.scheduling.clock import ManualClock
 
 BATCH_TIMEOUT_S = 120
 

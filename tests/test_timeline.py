@@ -7,7 +7,7 @@ import logging
 import time
 
 import psutil
-from dstream.runtime import timeline
+from dstream.runtime.scheduling import timeline
 
 
 def test_expected_executors_follow_the_master():

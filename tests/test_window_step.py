@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pickle
 
-from dstream.runtime import durable
+from dstream.runtime.checkpoint import durable
 from dstream.worker.window_step import Entering, Leaving, WindowStep
 from streams import manual_context, run_batches
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from dstream.runtime.pools import QUERIES, use_pool
-from dstream.runtime.recovery import recovery_counts
+from dstream.runtime.checkpoint.recovery import recovery_counts
+from dstream.runtime.scheduling.pools import QUERIES, use_pool
 
 from dstream_api.models import (
     Batch,
@@ -29,7 +29,7 @@ from dstream_api.models import (
 if TYPE_CHECKING:
     from dstream.context import StreamingContext
     from dstream.dstream import DStream
-    from dstream.runtime.scheduler import BatchInfo, BatchScheduler
+    from dstream.runtime.scheduling.scheduler import BatchInfo, BatchScheduler
     from dstream.spec import StreamingJob
     from prometheus_client import CollectorRegistry
     from pyspark import RDD, SparkContext
@@ -313,7 +313,7 @@ def answer_slice(query: SliceQuery, union: RDD, result: SliceResult) -> None:
 
 def query_partitions(sc: Any) -> int:
     """At most half the task slots: a query's tasks then never hold every slot, and the
-    stream's next tasks start at once (the FAIR pools, dstream/runtime/pools.py, give them the free
+    stream's next tasks start at once (the FAIR pools, dstream/runtime/scheduling/pools.py, give them the free
     ones first), while the query still runs in parallel on a larger cluster."""
     return max(1, sc.defaultParallelism // 2)
 

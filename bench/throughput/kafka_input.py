@@ -36,8 +36,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from dstream.runtime import latency
-from dstream.runtime.latency import BatchLatency
+from dstream.runtime.control import latency
+from dstream.runtime.control.latency import BatchLatency
 
 from bench.common import RECORD_BYTES, ROOT, SEED, textgen
 

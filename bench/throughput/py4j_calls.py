@@ -29,7 +29,7 @@ KINDS = {"c": "call", "i": "constructor", "r": "reflection", "g": "release", "a"
 
 
 def call_site(frame: FrameType | None) -> str:
-    """'dstream/runtime/graph.py:write_durably > RDD.id': the innermost frame of ours and the
+    """'dstream/runtime/scheduling/graph.py:write_durably > RDD.id': the innermost frame of ours and the
     PySpark function it called (the frame just inside it), or the thread's outermost frame."""
     inner: FrameType | None = None
     while frame is not None:

@@ -25,7 +25,7 @@ import time
 import redis
 from dstream import StreamingContext
 from dstream.connectors.redis import RedisInputDStream
-from dstream.runtime.clock import ManualClock
+from dstream.runtime.scheduling.clock import ManualClock
 from dstream.sources import InputDStream, RateInputDStream
 from dstream.worker import pydaemon, tasks, textgen
 from pyspark import SparkConf, SparkContext

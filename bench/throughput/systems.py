@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dstream.runtime import latency
-from dstream.runtime.latency import BatchLatency
+from dstream.runtime.control import latency
+from dstream.runtime.control.latency import BatchLatency
 from pyspark import SparkConf, SparkContext
 
 from bench.common import RECORD_BYTES, SEED, spark_conf
@@ -255,7 +255,7 @@ class DStreamSystem(System):
         ask the driver for their peers every second, so a second copy of state finds the
         replacement (docs/fault-tolerance.md, "The executors as `dstream run` starts them",
         "The second copy after a loss")."""
-        from dstream.runtime.state_storage import SPARK_CONF
+        from dstream.runtime.state.memory import SPARK_CONF
         from dstream.service.job import jit_settings
 
         given = dict(conf)

@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from dstream.runtime.latency import LATENCY_BUCKETS_S
+from dstream.runtime.control.latency import LATENCY_BUCKETS_S
 
 INTERVAL_MS = 1000
 GROWTH_LIMIT_MS = 250  # how much the scheduling delay may rise across the measured batches

@@ -19,17 +19,17 @@ from pyspark import RDD, SparkConf, SparkContext
 from pyspark.serializers import CloudPickleSerializer
 
 from dstream.dstream import DStream, MultiTransformedDStream, UnionDStream
-from dstream.runtime.backpressure import PIDRateEstimator, RateController
-from dstream.runtime.checkpoint import (
+from dstream.runtime.checkpoint.directory import (
     METADATA_VERSION,
     CheckpointDir,
     CheckpointMismatchError,
 )
-from dstream.runtime.clock import ManualClock, SystemClock
-from dstream.runtime.failure import FailurePolicy
-from dstream.runtime.fencing import move_aside_keeping_epoch
-from dstream.runtime.graph import DStreamGraph
-from dstream.runtime.scheduler import BatchScheduler
+from dstream.runtime.control.backpressure import PIDRateEstimator, RateController
+from dstream.runtime.control.failure import FailurePolicy
+from dstream.runtime.leadership.fencing import move_aside_keeping_epoch
+from dstream.runtime.scheduling.clock import ManualClock, SystemClock
+from dstream.runtime.scheduling.graph import DStreamGraph
+from dstream.runtime.scheduling.scheduler import BatchScheduler
 from dstream.runtime.shipping import ship_to_workers
 from dstream.runtime.timeutil import duration_to_ms
 from dstream.sources import FileInputDStream, InputDStream, QueueInputDStream, RateInputDStream

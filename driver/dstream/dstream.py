@@ -23,8 +23,9 @@ from pyspark import RDD, StorageLevel
 from pyspark.rdd import portable_hash
 from pyspark.resultiterable import ResultIterable
 
-from dstream.runtime.checkpoint_data import CheckpointData
-from dstream.runtime.graph import attached, detached
+from dstream.runtime.checkpoint.stream_data import CheckpointData
+from dstream.runtime.leadership.fencing import Fence, FencedWriter
+from dstream.runtime.scheduling.graph import attached, detached
 from dstream.runtime.timeutil import datetime_of, duration_to_ms, time_to_ms
 from dstream.worker import combine
 
@@ -436,7 +437,7 @@ class DStream:
 
     def saveAsTextFiles(self, prefix: str, suffix: str | None = None) -> None:
         """Each batch to `prefix-<ms>[.suffix]`, replaced atomically when a batch is re-run."""
-        from dstream.runtime.output import save_text_atomically, text_file_name
+        from dstream.runtime.checkpoint.output import save_text_atomically, text_file_name
 
         def save(time: datetime, rdd: RDD) -> None:
             save_text_atomically(rdd, text_file_name(prefix, suffix, time))
@@ -646,7 +647,12 @@ class OutputDStream(DStream):
     def compute(self, time_ms: int) -> RDD | None:
         return self._parents[0].getOrCompute(time_ms)
 
-    def run(self, time_ms: int) -> None:
+    def run(self, time_ms: int, fence: Fence | None = None) -> None:
+        """Run the output on the batch's RDD; a FencedWriter also gets the driver's fence."""
         rdd = self.getOrCompute(time_ms)
-        if rdd is not None:
+        if rdd is None:
+            return
+        if isinstance(self.func, FencedWriter):
+            self.func.write_batch(datetime_of(time_ms), rdd, fence)
+        else:
             self.func(datetime_of(time_ms), rdd)

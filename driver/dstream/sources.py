@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 from pyspark import RDD, Accumulator
 
 from dstream.dstream import DStream
-from dstream.runtime import latency
-from dstream.runtime.checkpoint import write_atomically
-from dstream.runtime.latency import Ages
+from dstream.runtime.checkpoint.files import write_atomically
+from dstream.runtime.control import latency
+from dstream.runtime.control.latency import Ages
 from dstream.worker import textgen
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class InputDStream(DStream):
 
     def record_ages(self, time_ms: int, planned: Any) -> Ages | None:
         """The ages at time_ms (when each record of the batch's range became available,
-        dstream.runtime.latency) of the batch's records; None when the source cannot tell.
+        dstream.runtime.control.latency) of the batch's records; None when the source cannot tell.
         Called once per batch, when it has run."""
         return None
 

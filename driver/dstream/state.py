@@ -13,7 +13,7 @@ from typing import Any
 from pyspark import RDD
 
 from dstream.dstream import DStream
-from dstream.runtime.state_storage import state_storage_level
+from dstream.runtime.state.memory import state_storage_level
 from dstream.runtime.timeutil import duration_to_ms
 
 

@@ -15,9 +15,9 @@ from pyspark import RDD
 from pyspark.rdd import Partitioner, portable_hash
 
 from dstream.dstream import DStream
-from dstream.runtime.durable import PartReader
-from dstream.runtime.graph import READ_BY
-from dstream.runtime.state_storage import state_storage_level
+from dstream.runtime.checkpoint.durable import PartReader
+from dstream.runtime.scheduling.graph import READ_BY
+from dstream.runtime.state.memory import state_storage_level
 from dstream.runtime.timeutil import duration_to_ms
 from dstream.worker import combine
 from dstream.worker.window_step import Entering, Leaving, WindowStep
@@ -83,7 +83,7 @@ class ReducedWindowedDStream(DStream):
         recomputed from its source (read and reduced again), doubling the work of every batch
         for one window length after a restart. A batch's reduction holds at most one record
         per key, and the tasks that compute it for the batch's output write it as they go
-        (dstream.runtime.durable): no second job per batch. The parent's partitioner is
+        (dstream.runtime.checkpoint.durable): no second job per batch. The parent's partitioner is
         restored with them."""
         super()._initialize()
         parent = self._parents[0]

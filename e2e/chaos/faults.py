@@ -37,14 +37,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from dstream.runtime.timeline import PHASES
+from dstream.runtime.scheduling.timeline import PHASES
 from kubernetes import client
 
 from e2e.chaos import startup
 from e2e.chaos.cluster import Cluster, pod_ready, wait_for
 from e2e.chaos.observer import Observer, Snapshot
 
-# The driver's log lines that the standby faults read (dstream.runtime.recovery, .timeline).
+# The driver's log lines that the standby faults read (dstream.runtime.checkpoint.recovery, .timeline).
 WARM_STANDBY = "standby: warm, following"
 _TIMELINE = re.compile(r"recovery timeline: phase=(\w+) at=([0-9.]+)")
 _CLAIMED = re.compile(r"claimed epoch (\d+) of ")

@@ -1,7 +1,7 @@
 """Where a new driver's start goes between its SparkContext and its executors: the moments each
 of its executor pods shows, read against the fault.
 
-The recovery timeline (dstream.runtime.timeline) says when the executors had registered; this
+The recovery timeline (dstream.runtime.scheduling.timeline) says when the executors had registered; this
 splits that up per executor pod: created, scheduled, its container started (the API server's
 times, whole seconds), then, from the container's log with the runtime's timestamps
 (nanoseconds), the executor JVM's first line, its connection to the driver and its

@@ -524,7 +524,7 @@ def grace_seconds(job: StreamingJob) -> int:
     return max(30, math.ceil(12 * job.spec.batch_interval_ms / 1000))
 
 
-# The driver's setting that makes it elect through a Lease (dstream.runtime.lease.KUBE_LEASE_KEY;
+# The driver's setting that makes it elect through a Lease (dstream.runtime.leadership.lease.KUBE_LEASE_KEY;
 # the operator does not import the engine).
 KUBE_LEASE_KEY = "spark.dstream.lease.kubernetes"
 

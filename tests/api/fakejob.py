@@ -11,9 +11,9 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-from dstream.runtime import latency
-from dstream.runtime.recovery import RECOVERY_KINDS
-from dstream.runtime.scheduler import BatchInfo
+from dstream.runtime.checkpoint.recovery import RECOVERY_KINDS
+from dstream.runtime.control import latency
+from dstream.runtime.scheduling.scheduler import BatchInfo
 from dstream_api.models import Batch, SliceResult, Status, StreamSummary
 from dstream_api.view import (
     QueryFailedError,

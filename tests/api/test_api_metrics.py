@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from dstream.runtime.backpressure import PIDRateEstimator, RateController
-from dstream.runtime.recovery import RECOVERY_KINDS
-from dstream.runtime.scheduler import BatchEvent, BatchInfo
+from dstream.runtime.checkpoint.recovery import RECOVERY_KINDS
+from dstream.runtime.control.backpressure import PIDRateEstimator, RateController
+from dstream.runtime.scheduling.scheduler import BatchEvent, BatchInfo
 from dstream.service.metrics import StreamingMetrics
 from streams import manual_context, run_batches
 

@@ -1,4 +1,4 @@
-"""A heavy interactive query must not starve the stream it reads (`dstream/runtime/pools.py`).
+"""A heavy interactive query must not starve the stream it reads (`dstream/runtime/scheduling/pools.py`).
 
 A real driver (`dstream run`, local[2], FAIR scheduling as it always runs) greps a rate source;
 its query stream `matches` is not cached, so counting its retained batches recomputes every one

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from confluent_kafka import KafkaException, Message
 from dstream.connectors.kafka_sink import BATCH_TIME_HEADER, EPOCH_HEADER, KafkaSink
-from dstream.runtime.fencing import DeposedError, EpochLedger, Fence, set_current_fence
+from dstream.runtime.leadership.fencing import DeposedError, EpochLedger, Fence
 from dstream.spec import KafkaSink as KafkaSinkSettings
 from dstream.spec import SpecError, parse_job
 from kafka_server import read_all, wait_until_stable
@@ -95,26 +95,25 @@ def test_a_deposed_drivers_late_batch_lands_nothing(kafka_server, sc, tmp_path):
     topic = new_topic(kafka_server)
     ledger = EpochLedger(tmp_path)
     old, new = sink(kafka_server, topic), sink(kafka_server, topic)
-    try:
-        set_current_fence(Fence(ledger, 1))
-        old(datetime.fromtimestamp(1000), sc.parallelize(["old 1000"]))
-        frozen = old.producer(transactional=True)  # epoch 1 has begun batch 1001, and freezes
-        frozen.begin_transaction()
-        old.produce_all(frozen, 1_001_000, ["old 1001"], epoch=1)
-        set_current_fence(Fence(ledger, 2))
-        new(datetime.fromtimestamp(1001), sc.parallelize(["new 1001"]))
-        with pytest.raises(KafkaException, match="(?i)fenced"):
-            frozen.commit_transaction(30)  # thawed
-        old.close()  # as its failed batch does before the retry
-        set_current_fence(Fence(ledger, 1))
-        with pytest.raises(DeposedError, match=r"epoch 2 was claimed by the commit records"):
-            old(datetime.fromtimestamp(1001), sc.parallelize(["old 1001"]))
-        set_current_fence(Fence(ledger, 2))
-        with pytest.raises(RuntimeError, match="(?i)fenced"):  # the retry's init fenced it once
-            new(datetime.fromtimestamp(1002), sc.parallelize(["new 1002"]))
-        new(datetime.fromtimestamp(1002), sc.parallelize(["new 1002"]))  # its own retry
-    finally:
-        set_current_fence(None)
+    old.write_batch(datetime.fromtimestamp(1000), sc.parallelize(["old 1000"]), Fence(ledger, 1))
+    frozen = old.producer(transactional=True)  # epoch 1 has begun batch 1001, and freezes
+    frozen.begin_transaction()
+    old.produce_all(frozen, 1_001_000, ["old 1001"], epoch=1)
+    new.write_batch(datetime.fromtimestamp(1001), sc.parallelize(["new 1001"]), Fence(ledger, 2))
+    with pytest.raises(KafkaException, match="(?i)fenced"):
+        frozen.commit_transaction(30)  # thawed
+    old.close()  # as its failed batch does before the retry
+    with pytest.raises(DeposedError, match=r"epoch 2 was claimed by the commit records"):
+        old.write_batch(
+            datetime.fromtimestamp(1001), sc.parallelize(["old 1001"]), Fence(ledger, 1)
+        )
+    with pytest.raises(RuntimeError, match="(?i)fenced"):  # the retry's init fenced it once
+        new.write_batch(
+            datetime.fromtimestamp(1002), sc.parallelize(["new 1002"]), Fence(ledger, 2)
+        )
+    new.write_batch(
+        datetime.fromtimestamp(1002), sc.parallelize(["new 1002"]), Fence(ledger, 2)
+    )  # its own retry
     messages = committed(kafka_server, topic)
     assert [json.loads(m.value()) for m in messages] == ["old 1000", "new 1001", "new 1002"]
     assert [dict(m.headers())[EPOCH_HEADER] for m in messages] == [b"1", b"2", b"2"]
@@ -137,16 +136,12 @@ def test_a_driver_the_ledger_deposed_stops_before_touching_the_successors_produc
     ledger = EpochLedger(tmp_path)
     assert ledger.claim(1) and ledger.claim(2)
     old, new = sink(kafka_server, topic), sink(kafka_server, topic)
-    try:
-        set_current_fence(Fence(ledger, 2))
-        new(datetime.fromtimestamp(1000), sc.parallelize(["new 1000"]))
-        set_current_fence(Fence(ledger, 1))
-        with pytest.raises(DeposedError, match=r"epoch 2 was claimed .* held epoch 1"):
-            old(datetime.fromtimestamp(1001), sc.parallelize(["old 1001"]))
-        set_current_fence(Fence(ledger, 2))
-        new(datetime.fromtimestamp(1001), sc.parallelize(["new 1001"]))
-    finally:
-        set_current_fence(None)
+    new.write_batch(datetime.fromtimestamp(1000), sc.parallelize(["new 1000"]), Fence(ledger, 2))
+    with pytest.raises(DeposedError, match=r"epoch 2 was claimed .* held epoch 1"):
+        old.write_batch(
+            datetime.fromtimestamp(1001), sc.parallelize(["old 1001"]), Fence(ledger, 1)
+        )
+    new.write_batch(datetime.fromtimestamp(1001), sc.parallelize(["new 1001"]), Fence(ledger, 2))
     assert values(kafka_server, topic, "read_uncommitted") == ["new 1000", "new 1001"]
 
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from dstream import StreamingContext
 from dstream.connectors.kafka_source import KafkaInputDStream
-from dstream.runtime.clock import ManualClock
+from dstream.runtime.scheduling.clock import ManualClock
 from dstream.service.metrics import StreamingMetrics
 from dstream.sources import SourceError
 from dstream.spec import KafkaSource, SpecError, parse_job, password_env

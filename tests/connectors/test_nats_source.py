@@ -14,7 +14,7 @@ import nats
 import pytest
 from dstream import StreamingContext
 from dstream.connectors.nats import NatsInputDStream, subject_matches
-from dstream.runtime.clock import ManualClock
+from dstream.runtime.scheduling.clock import ManualClock
 from dstream.sources import SourceError
 from dstream.spec import password_env
 from servers import NatsServer

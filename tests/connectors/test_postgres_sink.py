@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 from dstream.connectors.postgres import COMMIT_TABLE, PostgresSink, TableMismatchError
-from dstream.runtime.failure import FailurePolicy
+from dstream.runtime.control.failure import FailurePolicy
 from dstream.service.job import build_context
 from dstream.spec import PostgresSink as PostgresSettings
 from dstream.spec import StreamingJob, parse_job, password_env
@@ -361,19 +361,14 @@ def test_a_job_spec_attaches_the_sink(sc, postgres, table):
 
 def test_a_deposed_drivers_batch_is_refused_inside_its_transaction(sc, postgres, table, tmp_path):
     """Two drivers of one job: once epoch 2 wrote, epoch 1's transaction rolls back whole."""
-    from dstream.runtime.fencing import DeposedError, EpochLedger, Fence, set_current_fence
+    from dstream.runtime.leadership.fencing import DeposedError, EpochLedger, Fence
 
     ledger = EpochLedger(tmp_path)
     settings = PostgresSettings(dsn=postgres.dsn(), table=table)
     output = PostgresSink(f"{table}-job", settings)
-    try:
-        set_current_fence(Fence(ledger, 2))
-        output(at(1000), sc.parallelize([("new", 1)]))
-        set_current_fence(Fence(ledger, 1))
-        with pytest.raises(DeposedError, match=r"epoch 2 was claimed .* held epoch 1"):
-            output(at(1001), sc.parallelize([("old", 1)]))
-    finally:
-        set_current_fence(None)
+    output.write_batch(at(1000), sc.parallelize([("new", 1)]), Fence(ledger, 2))
+    with pytest.raises(DeposedError, match=r"epoch 2 was claimed .* held epoch 1"):
+        output.write_batch(at(1001), sc.parallelize([("old", 1)]), Fence(ledger, 1))
     assert query(postgres, f"SELECT key FROM {table}") == [("new",)]
     assert query(postgres, f"SELECT epoch FROM {COMMIT_TABLE} WHERE target = %s", table) == [(2,)]
 

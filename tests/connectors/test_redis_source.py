@@ -13,7 +13,7 @@ import redis
 import yaml
 from dstream import StreamingContext
 from dstream.connectors.redis import RedisInputDStream, retries_within
-from dstream.runtime.clock import ManualClock
+from dstream.runtime.scheduling.clock import ManualClock
 from dstream.service.metrics import StreamingMetrics
 from dstream.sources import SourceError
 from dstream.spec import password_env

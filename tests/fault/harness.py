@@ -360,7 +360,7 @@ class InProcessJob:
 
     def context(self) -> Any:
         """A new StreamingContext on the job's checkpoint, on a manual clock, not started."""
-        from dstream.runtime.clock import ManualClock
+        from dstream.runtime.scheduling.clock import ManualClock
         from dstream.service.job import build_context
         from dstream.spec import load_job
 
@@ -373,7 +373,7 @@ class InProcessJob:
         was not made from the spec, so the spec's failurePolicy is handed to the scheduler
         here: it governs every batch the clock brings (a batch replayed at start, which runs
         at once, may begin under the default policy)."""
-        from dstream.runtime.failure import FailurePolicy
+        from dstream.runtime.control.failure import FailurePolicy
         from dstream.spec import load_job
 
         spec = load_job(self.job.manifest)

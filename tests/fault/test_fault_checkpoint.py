@@ -16,17 +16,17 @@ from typing import Any
 
 import pytest
 from dstream import StreamingContext
-from dstream.runtime import checkpoint
-from dstream.runtime.checkpoint import (
+from dstream.runtime.checkpoint import directory as checkpoint
+from dstream.runtime.checkpoint.directory import (
     CheckpointDir,
     CheckpointUnrecoverableError,
-    TornFileError,
     verify_state_checkpoint,
 )
-from dstream.runtime.clock import ManualClock
-from dstream.runtime.failure import FailurePolicy
-from dstream.runtime.graph import READ_BY
-from dstream.runtime.recovery import hash_partitioned_checkpoint, verified_state
+from dstream.runtime.checkpoint.files import TornFileError
+from dstream.runtime.checkpoint.recovery import hash_partitioned_checkpoint, verified_state
+from dstream.runtime.control.failure import FailurePolicy
+from dstream.runtime.scheduling.clock import ManualClock
+from dstream.runtime.scheduling.graph import READ_BY
 from dstream.runtime.timeutil import time_to_ms
 from fault.harness import InProcessJob, RateJob, fault_rng, truncate_at_random_byte, verify
 from pyspark import RDD

@@ -9,8 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from dstream.runtime.checkpoint import CheckpointDir, compare_signatures, write_document
-from dstream.runtime.output import remove_earlier_attempts, replace_directory
+from dstream.runtime.checkpoint.directory import CheckpointDir, compare_signatures
+from dstream.runtime.checkpoint.files import write_document
+from dstream.runtime.checkpoint.output import remove_earlier_attempts, replace_directory
 
 
 def spark_checkpoint(run: Path, rdd: int, in_flight: bool = False) -> Path:
@@ -94,7 +95,7 @@ def test_fault_point_kills_at_the_chosen_arrival_only(tmp_path):
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from dstream.runtime.checkpoint import write_document\n"
+        "from dstream.runtime.checkpoint.directory import write_document\n"
         "for n in range(5):\n"
         "    write_document(Path(sys.argv[1]) / f'doc-{n}.json', {'n': n}, 'commit-write')\n"
         "    print(n, flush=True)\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dstream import StreamingContext
-from dstream.runtime.clock import ManualClock
+from dstream.runtime.scheduling.clock import ManualClock
 from dstream.runtime.timeutil import time_to_ms
 
 BATCH_TIMEOUT_S = 120

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from dstream.runtime.checkpoint import CheckpointDir
+from dstream.runtime.checkpoint.directory import CheckpointDir
 from fault.harness import RateJob, batch_dirs, read_batch, wait_until, word_counts
 from running_driver import Driver
 

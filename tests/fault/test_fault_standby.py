@@ -34,8 +34,8 @@ from typing import Any
 import httpx
 import pytest
 from dstream import StreamingContext
-from dstream.runtime.checkpoint import CheckpointDir
-from dstream.runtime.shadow import Shadow
+from dstream.runtime.checkpoint.directory import CheckpointDir
+from dstream.runtime.leadership.shadow import Shadow
 from fault.harness import (
     InProcessJob,
     RateJob,
@@ -310,9 +310,9 @@ class InProcessStandby:
     @property
     def shadow(self) -> Shadow:
         def started() -> Shadow | None:
-            scheduler = self.ssc._scheduler
-            follower = scheduler._follower if scheduler is not None else None
-            return follower.shadow if follower is not None else None
+            scheduler = self.ssc.scheduler
+            leadership = scheduler.leadership if scheduler is not None else None
+            return leadership.shadow if leadership is not None else None
 
         return wait_until(started, STEP_TIMEOUT_S)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from dstream import StreamingContext
-from dstream.runtime.state_storage import PEERS_TTL_KEY, REPLICATION_KEY, SPARK_CONF, storage_level
+from dstream.runtime.state.memory import PEERS_TTL_KEY, REPLICATION_KEY, SPARK_CONF, storage_level
 from dstream.service.job import spark_conf
 from fault.test_fault_speculation import job  # a minimal spec
 from pyspark import StorageLevel

@@ -54,7 +54,7 @@ def sink_entries(job: InProcessJob, time_ms: int) -> list[str]:
 
 
 def durable_parts(job: InProcessJob) -> set[Path]:
-    """The part files of the durable batches the window subtracts (dstream/runtime/durable.py)."""
+    """The part files of the durable batches the window subtracts (dstream/runtime/checkpoint/durable.py)."""
     return set((job.job.checkpoint / "state").glob("*/rdd-*/part-*"))
 
 

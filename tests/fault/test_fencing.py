@@ -8,8 +8,9 @@ import json
 import os
 
 import pytest
-from dstream.runtime.checkpoint import CheckpointDir, LogConflictError, write_document
-from dstream.runtime.fencing import (
+from dstream.runtime.checkpoint.directory import CheckpointDir, LogConflictError
+from dstream.runtime.checkpoint.files import write_document
+from dstream.runtime.leadership.fencing import (
     EPOCH_ENV,
     DeposedError,
     EpochLedger,
@@ -19,7 +20,7 @@ from dstream.runtime.fencing import (
     epoch_source_from_env,
     move_aside_keeping_epoch,
 )
-from dstream.runtime.lease import CheckpointInUseError, CheckpointLease, LeadLostError
+from dstream.runtime.leadership.lease import CheckpointInUseError, CheckpointLease, LeadLostError
 from fault.harness import wait_until
 
 

@@ -74,7 +74,7 @@ import pytest
 import redis
 from confluent_kafka import Producer as KafkaProducer
 from dstream.connectors.kafka_sink import BATCH_TIME_HEADER
-from dstream.runtime.timeline import PHASES
+from dstream.runtime.scheduling.timeline import PHASES
 from dstream.worker import textgen
 from fault.harness import (
     BatchLogWatch,

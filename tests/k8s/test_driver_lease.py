@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from dstream.runtime.kube_lease import KubeLease
+from dstream.runtime.leadership.kube_lease import KubeLease
 from fault.harness import RateJob, verify, wait_until
 from fault.test_fault_standby import Takeovers, commits_by_epoch, settle, warm
 from kubernetes import client

@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import pytest
 import yaml
-from dstream.runtime import kube_lease
-from dstream.runtime.lease import KUBE_LEASE_KEY
+from dstream.runtime.leadership import kube_lease
+from dstream.runtime.leadership.lease import KUBE_LEASE_KEY
 from dstream.spec import parse_job
 from dstream_operator import reconcile, resources, status
 from dstream_operator.resources import Owner, Platform, job_manifest

@@ -4,7 +4,7 @@ the replacement? Prints one JSON line: the partitions of that RDD the survivor s
 many of them were computed again after the survivor's own loss (each partition records the
 executor JVM that computed it, so a cached partition reads back its first executor's).
 
-`engine` runs with the engine's Spark settings for state (dstream.runtime.state_storage);
+`engine` runs with the engine's Spark settings for state (dstream.runtime.state.memory);
 `spark` with Spark's own peer cache of 60 s. tests/fault/test_fault_state_storage.py runs it.
 """
 
@@ -17,7 +17,7 @@ import sys
 import time
 
 import psutil
-from dstream.runtime.state_storage import (
+from dstream.runtime.state.memory import (
     PEERS_TTL_KEY,
     REPLICATION_KEY,
     SPARK_CONF,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
 
-from dstream.runtime.output import save_text_atomically
+from dstream.runtime.checkpoint.output import save_text_atomically
 from dstream.runtime.timeutil import time_to_ms
 from dstream.sources import FileInputDStream, InputDStream
 

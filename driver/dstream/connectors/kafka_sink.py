@@ -56,7 +56,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark import RDD
 
 from dstream.connectors.kafka_client import REQUEST_TIMEOUT_S, client_config
-from dstream.runtime.fencing import DeposedError, Fence, current_fence
+from dstream.runtime.leadership.fencing import DeposedError, Fence
 from dstream.runtime.timeutil import time_to_ms
 
 if TYPE_CHECKING:
@@ -125,13 +125,17 @@ class KafkaSink:
         self._committed: Committed | None = None  # read once per producer, after its init
 
     def __call__(self, time: datetime, rdd: RDD) -> None:
+        """Unfenced, as the output of a context without a checkpoint."""
+        self.write_batch(time, rdd, None)
+
+    def write_batch(self, time: datetime, rdd: RDD, fence: Fence | None) -> None:
         batch_ms = time_to_ms(time)
         records = rdd.collect()
         try:
             if self.settings.delivery == "atLeastOnce":
-                self.write_idempotent(batch_ms, records)
+                self.write_idempotent(batch_ms, records, fence)
             else:
-                self.write_transaction(batch_ms, records)
+                self.write_transaction(batch_ms, records, fence)
         except DeposedError:
             raise
         except Exception as error:  # not only KafkaException: a fenced producer's flush was
@@ -161,10 +165,9 @@ class KafkaSink:
                 log.info("closing the kafka producer: %s", error)
         self._committed = None
 
-    def write_transaction(self, batch_ms: int, records: list[Any]) -> None:
+    def write_transaction(self, batch_ms: int, records: list[Any], fence: Fence | None) -> None:
         """Records and the batch's commit record in one transaction; nothing if the batch's
         commit record is there already; DeposedError if a newer driver leads (module doc)."""
-        fence = current_fence()
         epoch = epoch_of(fence)
         if fence is not None:
             fence.check()  # before init_transactions: never fence the successor's producer
@@ -196,9 +199,9 @@ class KafkaSink:
             raise
         self._committed = Committed(batch_ms, max(epoch, committed.epoch))
 
-    def write_idempotent(self, batch_ms: int, records: list[Any]) -> None:
+    def write_idempotent(self, batch_ms: int, records: list[Any], fence: Fence | None) -> None:
         producer = self.producer(transactional=False)
-        self.produce_all(producer, batch_ms, records, epoch_of(current_fence()))
+        self.produce_all(producer, batch_ms, records, epoch_of(fence))
 
     def produce_all(
         self, producer: Producer, batch_ms: int, records: list[Any], epoch: int

@@ -49,9 +49,9 @@ from dstream.connectors.kafka_client import (
     broker_error,
     client_config,
 )
-from dstream.runtime import latency
-from dstream.runtime.checkpoint import write_atomically
-from dstream.runtime.latency import Ages
+from dstream.runtime.checkpoint.files import write_atomically
+from dstream.runtime.control import latency
+from dstream.runtime.control.latency import Ages
 from dstream.sources import InputDStream, SourceError, split_budget
 from dstream.spec import starting_offsets
 

@@ -34,8 +34,8 @@ from nats.js.api import StreamState
 from nats.js.client import JetStreamContext
 from pyspark import RDD
 
-from dstream.runtime import latency
-from dstream.runtime.latency import Ages
+from dstream.runtime.control import latency
+from dstream.runtime.control.latency import Ages
 from dstream.sources import InputDStream, SourceError
 from dstream.spec import password_env
 

@@ -50,7 +50,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from pyspark import RDD
 
-from dstream.runtime.fencing import DeposedError, current_fence
+from dstream.runtime.leadership.fencing import DeposedError, Fence
 from dstream.runtime.timeutil import time_to_ms
 from dstream.spec import PostgresSink as PostgresSettings
 from dstream.spec import password_env
@@ -207,15 +207,19 @@ class PostgresSink:
         self._password = password
 
     def __call__(self, time: datetime, rdd: RDD) -> None:
+        """Unfenced, as the output of a context without a checkpoint."""
+        self.write_batch(time, rdd, None)
+
+    def write_batch(self, time: datetime, rdd: RDD, fence: Fence | None) -> None:
         batch_ms = time_to_ms(time)
         records = rdd.collect()
         try:
-            rejected = self.commit(batch_ms, records, row_by_row=False)
+            rejected = self.commit(batch_ms, records, fence, row_by_row=False)
         except (psycopg.DataError, psycopg.IntegrityError) as error:
             log.warning(
                 "batch %s: %s; writing row by row to find the rejected records", time, error
             )
-            rejected = self.commit(batch_ms, records, row_by_row=True)
+            rejected = self.commit(batch_ms, records, fence, row_by_row=True)
         if rejected:
             self.rejected_records += len(rejected)
             log.warning(
@@ -235,12 +239,13 @@ class PostgresSink:
             **extra,
         )
 
-    def commit(self, batch_ms: int, records: list[Any], row_by_row: bool) -> list[Rejected]:
+    def commit(
+        self, batch_ms: int, records: list[Any], fence: Fence | None, row_by_row: bool
+    ) -> list[Rejected]:
         """One transaction: the commit row, the rows, the rejected records; nothing when the
         batch is already committed. Returns the records left out."""
         batch_time = datetime.fromtimestamp(batch_ms / 1000, UTC)
         rows = [row_of(record) for record in records]
-        fence = current_fence()
         epoch = fence.epoch if fence is not None else 0
         with self.connect() as conn, conn.transaction():
             self.create_bookkeeping(conn)

@@ -31,9 +31,9 @@ from pyspark import RDD, Accumulator
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from dstream.runtime import latency
-from dstream.runtime.checkpoint import write_atomically
-from dstream.runtime.latency import Ages
+from dstream.runtime.checkpoint.files import write_atomically
+from dstream.runtime.control import latency
+from dstream.runtime.control.latency import Ages
 from dstream.sources import InputDStream, SourceError, split_budget
 from dstream.spec import password_env
 

@@ -18,7 +18,10 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from dstream.runtime.checkpoint import CheckpointMismatchError, CheckpointUnrecoverableError
+from dstream.runtime.checkpoint.directory import (
+    CheckpointMismatchError,
+    CheckpointUnrecoverableError,
+)
 from dstream.spec import Checkpoint, SpecError, StreamingJob, load_job
 
 EXIT_INVALID = 2
@@ -128,9 +131,9 @@ def run_job(args: argparse.Namespace) -> int:
     refuse_open_api_or_exit(args)
     if args.checkpoint:
         job.spec.checkpoint = with_path(job.spec.checkpoint, args.checkpoint)
-    from dstream.runtime.failure import BatchFailedError
-    from dstream.runtime.fencing import DeposedError
-    from dstream.runtime.lease import CheckpointInUseError
+    from dstream.runtime.control.failure import BatchFailedError
+    from dstream.runtime.leadership.fencing import DeposedError
+    from dstream.runtime.leadership.lease import CheckpointInUseError
     from dstream.service.job import JobRuntime, ProgressPrinter
     from dstream.sources import SourceError
 

@@ -16,10 +16,11 @@ from pyspark import SparkConf, SparkContext
 
 from dstream.connectors import create_sink, create_source
 from dstream.context import StreamingContext
-from dstream.runtime import pools, state_storage, timeline
-from dstream.runtime.failure import BatchFailedError
-from dstream.runtime.fencing import DeposedError, move_aside_keeping_epoch
-from dstream.runtime.scheduler import BatchInfo, BatchScheduler
+from dstream.runtime.control.failure import BatchFailedError
+from dstream.runtime.leadership.fencing import DeposedError, move_aside_keeping_epoch
+from dstream.runtime.scheduling import pools, timeline
+from dstream.runtime.scheduling.scheduler import BatchInfo, BatchScheduler
+from dstream.runtime.state import memory as state_storage
 from dstream.runtime.task_errors import raised_in_task
 from dstream.service import executor_owner, jvm_archive
 from dstream.service.apps import build_app

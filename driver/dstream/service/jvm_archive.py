@@ -139,8 +139,8 @@ def dump_run(partial: Path) -> None:
     Kubernetes backend (load_kubernetes_backend)."""
     from pyspark import SparkConf, SparkContext
 
-    from dstream.runtime import pools
-    from dstream.runtime.recovery import warm_up
+    from dstream.runtime.leadership.follower import warm_up
+    from dstream.runtime.scheduling import pools
     from dstream.worker import pydaemon
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -27,16 +27,16 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from dstream.runtime.latency import LATENCY_BUCKETS_S, BatchLatency
-from dstream.runtime.pools import QUERIES, use_pool
-from dstream.runtime.recovery import recovery_counts
+from dstream.runtime.checkpoint.recovery import recovery_counts
+from dstream.runtime.control.latency import LATENCY_BUCKETS_S, BatchLatency
+from dstream.runtime.scheduling.pools import QUERIES, use_pool
 
 if TYPE_CHECKING:
     from pyspark import RDD
 
     from dstream.context import StreamingContext
     from dstream.dstream import DStream
-    from dstream.runtime.scheduler import BatchInfo, BatchScheduler
+    from dstream.runtime.scheduling.scheduler import BatchInfo, BatchScheduler
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from dstream.runtime.checkpoint import (
+from dstream.runtime.checkpoint.files import (
     CheckpointWriteError,
     TornFileError,
     local_path,

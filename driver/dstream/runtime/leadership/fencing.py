@@ -35,9 +35,15 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from dstream.runtime.checkpoint import create_exclusively, move_checkpoint_aside
+from dstream.runtime.checkpoint.directory import move_checkpoint_aside
+from dstream.runtime.checkpoint.files import create_exclusively
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from pyspark import RDD
 
 log = logging.getLogger(__name__)
 
@@ -154,21 +160,6 @@ def epoch_source_from_env() -> EpochSource:
     return GivenEpoch(int(given))
 
 
-# The fence of the driver leading a checkpoint in this process, for the sinks that check it
-# inside their own transactions: they are called with a batch's time and RDD only.
-_current: Fence | None = None
-
-
-def current_fence() -> Fence | None:
-    """The fence this process writes under, or None (no checkpoint: nothing to fence)."""
-    return _current
-
-
-def set_current_fence(fence: Fence | None) -> None:
-    global _current
-    _current = fence
-
-
 @dataclass(frozen=True)
 class Fence:
     """The epoch this driver writes under, checked against the ledger before every write, and
@@ -184,6 +175,20 @@ class Fence:
         newest = self.ledger.newest()
         if newest > self.epoch:
             raise DeposedError(self.epoch, newest, self.ledger.holder(newest))
+
+    def check_written(self, newest_written: int) -> None:
+        """DeposedError when the log holds an entry of a newer epoch than this driver's."""
+        if newest_written > self.epoch:
+            raise DeposedError(self.epoch, newest_written)
+
+
+@runtime_checkable
+class FencedWriter(Protocol):
+    """An output that checks the fence inside its own transaction (the PostgreSQL and Kafka
+    sinks), which closes the gap between the scheduler's check and its write: the batch's
+    output operation hands it the fence its driver writes under (None without a checkpoint)."""
+
+    def write_batch(self, time: datetime, rdd: RDD, fence: Fence | None) -> None: ...
 
 
 def move_aside_keeping_epoch(path: str | Path) -> Path | None:

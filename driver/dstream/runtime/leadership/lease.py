@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from dstream.runtime.fencing import (
+from dstream.runtime.leadership.fencing import (
     DeposedError,
     EpochLedger,
     EpochSource,

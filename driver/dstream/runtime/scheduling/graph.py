@@ -33,8 +33,8 @@ from pyspark import RDD, Accumulator, SparkContext
 from pyspark.accumulators import AccumulatorParam
 from pyspark.serializers import CloudPickleSerializer
 
-from dstream.runtime import durable
-from dstream.runtime.checkpoint import CheckpointUnrecoverableError
+from dstream.runtime.checkpoint import durable
+from dstream.runtime.checkpoint.directory import CheckpointUnrecoverableError
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext

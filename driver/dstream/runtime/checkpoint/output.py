@@ -18,7 +18,7 @@ from pathlib import Path
 from py4j.protocol import Py4JJavaError
 from pyspark import RDD
 
-from dstream.runtime.checkpoint import local_path
+from dstream.runtime.checkpoint.files import local_path
 from dstream.runtime.task_errors import jvm_root_cause
 from dstream.runtime.timeutil import time_to_ms
 

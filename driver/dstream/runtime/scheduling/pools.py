@@ -25,7 +25,9 @@ QUERIES = "dstream-queries"
 
 SPARK_CONF = {
     "spark.scheduler.mode": "FAIR",
-    "spark.scheduler.allocation.file": str(resources.files("dstream.runtime") / "pools.xml"),
+    "spark.scheduler.allocation.file": str(
+        resources.files("dstream.runtime.scheduling") / "pools.xml"
+    ),
 }
 
 

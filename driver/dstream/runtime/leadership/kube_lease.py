@@ -32,8 +32,8 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
-from dstream.runtime.fencing import holder_name
-from dstream.runtime.lease import KUBE_LEASE_KEY
+from dstream.runtime.leadership.fencing import holder_name
+from dstream.runtime.leadership.lease import KUBE_LEASE_KEY
 
 log = logging.getLogger(__name__)
 

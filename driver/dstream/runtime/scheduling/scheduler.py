@@ -25,42 +25,26 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from dstream.runtime import durable, latency, pools, timeline
-from dstream.runtime.checkpoint import (
-    CheckpointDir,
-    CheckpointWriteError,
-    LogConflictError,
-    fault_point,
-)
-from dstream.runtime.failure import BatchFailedError, FailurePolicy
-from dstream.runtime.fencing import (
-    DeposedError,
-    Fence,
-    epoch_source_from_env,
-    set_current_fence,
-)
-from dstream.runtime.latency import BatchLatency
-from dstream.runtime.lease import (
-    DEFAULT_DURATION_S,
-    DURATION_KEY,
-    KUBE_LEASE_KEY,
-    CheckpointLease,
-    Election,
-)
-from dstream.runtime.recovery import CheckpointFollower, CheckpointRecovery, Recovery
-from dstream.runtime.shadow import Shadow
+from dstream.runtime.checkpoint import durable
+from dstream.runtime.checkpoint.directory import CheckpointDir, LogConflictError
+from dstream.runtime.checkpoint.files import CheckpointWriteError, fault_point
+from dstream.runtime.checkpoint.recovery import CheckpointRecovery, Recovery
+from dstream.runtime.control import latency
+from dstream.runtime.control.failure import BatchFailedError, FailurePolicy
+from dstream.runtime.leadership.fencing import DeposedError, Fence
+from dstream.runtime.leadership.leader import Leadership
+from dstream.runtime.scheduling import pools, timeline
+from dstream.runtime.scheduling.batch import BatchEvent, BatchInfo, BatchOutcome
 from dstream.runtime.timeutil import datetime_of
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
-    from dstream.runtime.backpressure import RateController
-    from dstream.runtime.clock import ManualClock, SystemClock
-    from dstream.runtime.graph import DStreamGraph
+    from dstream.runtime.control.backpressure import RateController
+    from dstream.runtime.scheduling.clock import ManualClock, SystemClock
+    from dstream.runtime.scheduling.graph import DStreamGraph
 
 log = logging.getLogger(__name__)
 HISTORY = 1000
@@ -70,82 +54,6 @@ FINAL_FAILURES = (DeposedError, LogConflictError)
 # Spark writes a marked RDD's marked ancestors in the same job too, not only the RDD: a window
 # and its durable batch reductions are both marked in the batches that checkpoint the window.
 CHECKPOINT_ALL_MARKED = "spark.checkpoint.checkpointAllMarkedAncestors"
-
-
-def _kube_lease(where: str | None, duration_s: float) -> Election | None:
-    """The job's Kubernetes Lease when the conf names one; its module is imported only then,
-    as the kubernetes client takes most of a second to import."""
-    if not where:
-        return None
-    from dstream.runtime.kube_lease import kube_lease
-
-    return kube_lease(where, duration_s)
-
-
-@dataclass
-class BatchInfo:
-    """One batch's timing and input; the accessors mirror Spark's BatchInfo (milliseconds)."""
-
-    batch_time_ms: int
-    submission_time_ms: int
-    records: dict[str, int]
-    rate_limits: dict[str, float | None]
-    kind: str = "live"
-    processing_start_ms: int | None = None
-    processing_end_ms: int | None = None
-    error: str | None = None
-    coalesced: list[int] = field(default_factory=list)  # earlier due times merged into this one
-    ranges: dict[str, Any] = field(default_factory=dict)  # each source's recorded input range
-    retries: int = 0  # record, outputs or commit run again after failing (failure.py)
-    skipped: bool = False  # failed for good, committed as skipped (failurePolicy onExhausted)
-    state_checkpoints: dict[str, Any] = field(default_factory=dict)
-    checkpoint_seconds: float | None = None  # writing the batch record + commit marker
-    # end-to-end, availability at the source -> output committed (runtime/latency.py); None
-    # until committed, and when no source knows when its records became available
-    latency: BatchLatency | None = None
-    record: dict[str, Any] | None = field(default=None, repr=False)  # to write before outputs
-
-    def batchTime(self) -> datetime:
-        return datetime_of(self.batch_time_ms)
-
-    def numRecords(self) -> int:
-        return sum(self.records.values())
-
-    def schedulingDelay(self) -> int | None:
-        if self.processing_start_ms is None:
-            return None
-        return max(0, self.processing_start_ms - self.submission_time_ms)
-
-    def processingDelay(self) -> int | None:
-        if self.processing_start_ms is None or self.processing_end_ms is None:
-            return None
-        return self.processing_end_ms - self.processing_start_ms
-
-    def totalDelay(self) -> int | None:
-        scheduling, processing = self.schedulingDelay(), self.processingDelay()
-        return None if scheduling is None or processing is None else scheduling + processing
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "time": self.batchTime().astimezone().isoformat(),
-            "timeMs": self.batch_time_ms,
-            "kind": self.kind,
-            "records": self.numRecords(),
-            "recordsBySource": self.records,
-            "rateLimit": self.rate_limits,
-            "schedulingDelaySeconds": _seconds(self.schedulingDelay()),
-            "processingSeconds": _seconds(self.processingDelay()),
-            "totalDelaySeconds": _seconds(self.totalDelay()),
-            "coalescedBatches": len(self.coalesced),
-            "retries": self.retries,
-            "skipped": self.skipped,
-            "error": self.error,
-            "endToEndLatency": self.latency.to_json() if self.latency else None,
-        }
-
-
-def _seconds(ms: int | None) -> float | None:
-    return None if ms is None else ms / 1000
 
 
 def _describe(failure: Exception) -> str:
@@ -160,26 +68,6 @@ def _planning_failed(time_ms: int, error: Exception) -> BatchFailedError:
     )
     failed.__cause__ = error
     return failed
-
-
-class BatchEvent:
-    """What listeners receive, shaped like pyspark.streaming's listener events."""
-
-    def __init__(self, info: BatchInfo):
-        self.info = info
-
-    def batchInfo(self) -> BatchInfo:
-        return self.info
-
-
-@dataclass(frozen=True)
-class BatchOutcome:
-    """How a batch's run ended: `committed`; `skipped`, committed past outputs that failed for
-    good under onExhausted: skip (`error` is their failure); or `uncommitted`, left in the log for
-    a restart to run again (`error` is what stopped it)."""
-
-    status: Literal["committed", "skipped", "uncommitted"]
-    error: Exception | None = None
 
 
 class BatchScheduler:
@@ -219,9 +107,9 @@ class BatchScheduler:
         self.history: deque[BatchInfo] = deque(maxlen=HISTORY)
         self.current: BatchInfo | None = None
         self.recovery: Recovery | None = None
-        self.lease: CheckpointLease | None = None
-        self.fence: Fence | None = None
-        self._follower: CheckpointFollower | None = None
+        self.leadership = (
+            Leadership(sc, graph, checkpoint, self._deposed) if checkpoint is not None else None
+        )
         self.state = "initialized"
         self._completed = threading.Condition()
 
@@ -245,14 +133,14 @@ class BatchScheduler:
     def start(self, standby: bool = False) -> None:
         """Take the checkpoint's lead (as a `standby` whose lead is held, wait for it, following
         the checkpoint), recover from it or start fresh, and start the timer and the runner."""
-        if self._checkpoint is not None:
-            self._lead(self._checkpoint, standby)
+        if self.leadership is not None:
+            self._lead(self.leadership, standby)
         try:
             first_ms = self._recover() if self._checkpoint and self._checkpoint.exists() else None
             if first_ms is None:
                 first_ms = self._start_fresh()
         except BaseException:
-            self._release_lead()  # refused (mismatch, unrecoverable, deposed): not leading
+            self.hand_over()  # refused (mismatch, unrecoverable, deposed): not leading
             raise
         self.state = "recovering" if self.recovery and self.recovery.replayed else "running"
         if self.recovery and self.state == "running":
@@ -266,24 +154,18 @@ class BatchScheduler:
         for thread in self._threads:
             thread.start()
 
-    def _lead(self, checkpoint: CheckpointDir, standby: bool) -> None:
-        """Hold the checkpoint's lease for the run (lease.py) under a new epoch, which every
-        log entry carries and every write checks (fencing.py). A standby that finds the lead
-        free leads at once: following first would only delay its first batch."""
-        conf = self._sc._conf
-        duration_s = float(conf.get(DURATION_KEY, str(DEFAULT_DURATION_S)))
-        election = _kube_lease(conf.get(KUBE_LEASE_KEY), duration_s)
-        self.lease = CheckpointLease(checkpoint.path, duration_s, epoch_source_from_env(), election)
-        self.fence = self.lease.try_acquire() if standby else self.lease.acquire(wait=False)
-        if self.fence is None:  # a standby whose lead is held: follow the checkpoint meanwhile
-            self.state = "standby"
-            shadow = Shadow(self._sc, self._graph, checkpoint)
-            self._follower = CheckpointFollower(self._sc, checkpoint, shadow)
-            self._follower.start()
-            self.fence = self.lease.acquire(wait=True)
+    @property
+    def fence(self) -> Fence | None:
+        """The fence this driver writes under: None without a checkpoint, or before it leads."""
+        return self.leadership.fence if self.leadership is not None else None
+
+    def _lead(self, leadership: Leadership, standby: bool) -> None:
+        leadership.take(standby, following=self._enter_standby)
         timeline.mark("lead_taken")
-        set_current_fence(self.fence)
-        self.lease.start_renewing(self._deposed)
+
+    def _enter_standby(self) -> None:
+        """The lead is held by another driver: this one follows the checkpoint until it is free."""
+        self.state = "standby"
 
     def _deposed(self, error: DeposedError) -> None:
         """A newer driver leads: no new batch starts, and awaitTermination raises the error."""
@@ -299,10 +181,10 @@ class BatchScheduler:
         return first_ms
 
     def _recover(self) -> int:
-        """Recover from the checkpoint (dstream.runtime.recovery) and queue its uncommitted
+        """Recover from the checkpoint (dstream.runtime.checkpoint.recovery) and queue its uncommitted
         batches to run first, each with the ranges its record holds; the first new time."""
-        assert self._checkpoint is not None
-        verified = self._follower.stop() if self._follower else frozenset()
+        assert self._checkpoint is not None and self.leadership is not None
+        verified, shadow = self.leadership.stop_following()
         self.recovery = CheckpointRecovery(
             self._sc,
             self._graph,
@@ -310,7 +192,7 @@ class BatchScheduler:
             self._checkpoint_metadata,
             self.fence,
             verified,
-            self._follower.shadow if self._follower else None,
+            shadow,
         ).run()
         timeline.mark("state_restored")
         for time_ms, record in self.recovery.pending_records.items():
@@ -339,7 +221,7 @@ class BatchScheduler:
             self._wakeup.notify_all()
         if len(self._threads) > 1:
             self._threads[1].join()
-        self._release_lead()
+        self.hand_over()
         self.state = "stopped"
 
     def hand_over(self) -> None:
@@ -347,13 +229,8 @@ class BatchScheduler:
         at once; this driver goes on writing under its epoch. Its batch commits if it gets
         there before the standby claims the next epoch; after that its writes are refused
         (DeposedError) and the standby runs the batch again."""
-        if self.lease is not None:
-            self.lease.release()
-
-    def _release_lead(self) -> None:
-        if self.lease is not None:
-            self.hand_over()
-            set_current_fence(None)
+        if self.leadership is not None:
+            self.leadership.hand_over()
 
     # -- the timer ------------------------------------------------------------------------
 
@@ -574,7 +451,7 @@ class BatchScheduler:
             failures = []
             for output in pending:
                 try:
-                    output.run(time_ms)
+                    output.run(time_ms, self.fence)
                 except Exception as error:
                     log.error("batch %s: output job failed: %s", datetime_of(time_ms), error)
                     failures.append((output, durable.part_write_failure(error) or error))

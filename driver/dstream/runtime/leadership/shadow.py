@@ -25,8 +25,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from dstream.runtime.checkpoint import CheckpointDir, LogState, local_path
-from dstream.runtime.recovery import CheckpointRecovery
+from dstream.runtime.checkpoint.directory import CheckpointDir, LogState
+from dstream.runtime.checkpoint.files import local_path
+from dstream.runtime.checkpoint.recovery import CheckpointRecovery
 from dstream.runtime.timeutil import datetime_of
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from pyspark import SparkContext
 
     from dstream.dstream import DStream
-    from dstream.runtime.graph import DStreamGraph
+    from dstream.runtime.scheduling.graph import DStreamGraph
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from dstream.runtime.durable import PartWriter, missing_parts
+from dstream.runtime.checkpoint.durable import PartWriter, missing_parts
 
 if TYPE_CHECKING:
     from pyspark import RDD

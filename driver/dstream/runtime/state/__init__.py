@@ -1,0 +1,1 @@
+"""Keyed state: how state RDDs are stored (in memory today; the state store comes here)."""
