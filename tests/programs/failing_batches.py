@@ -3,7 +3,7 @@
 as an exception carrying the task's own error, under dstream's default failure policy (which retries the batch meanwhile); and with
 the settings that reproduce pyspark.streaming exactly (no retry, skip the batch) the failed
 batch is dropped and later ones run on. Prints one JSON line of what each scenario saw;
-tests/test_porting.py runs it.
+tests/streaming/test_porting.py runs it.
 """
 
 from __future__ import annotations

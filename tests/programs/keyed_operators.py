@@ -1,6 +1,6 @@
 """A pyspark.streaming program ported by its import: the keyed and windowed operators whose
 tasks run dstream's own code in the Python workers. It prints, as one JSON line, every batch's
-output of each operator. tests/test_workers_without_dstream.py runs it with workers on an
+output of each operator. tests/streaming/test_workers_without_dstream.py runs it with workers on an
 interpreter that has PySpark (through Spark's pyspark.zip) but not dstream.
 
 Usage: keyed_operators.py CHECKPOINT_DIR

@@ -13,7 +13,7 @@ from pathlib import Path
 from dstream import spec
 from dstream.connectors import SINKS, SOURCES, factory
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("pyspark", "py4j", "redis", "nats", "psycopg")
 
 

@@ -18,7 +18,7 @@ from dstream.spec import (
 )
 
 WORDCOUNT = yaml.safe_load(
-    (Path(__file__).parent.parent / "examples" / "wordcount.yaml").read_text()
+    (Path(__file__).parents[2] / "examples" / "wordcount.yaml").read_text()
 )
 
 

@@ -15,7 +15,7 @@ from dstream.service.job import spark_conf
 from dstream.spec import StreamingJob
 
 K8S = "k8s://https://10.0.0.1:443"
-WORDCOUNT = Path(__file__).resolve().parents[1] / "examples" / "wordcount.yaml"
+WORDCOUNT = Path(__file__).resolve().parents[2] / "examples" / "wordcount.yaml"
 OPERATOR_TEMPLATE = {
     "apiVersion": "v1",
     "kind": "Pod",

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from servers import free_port
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 
 def dstream(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

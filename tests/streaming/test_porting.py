@@ -17,7 +17,7 @@ from dstream.runtime.control.failure import FailurePolicy
 from running_driver import program_output
 from streams import final_failure, manual_context, run_batches
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 CLASSES = ("StreamingContext", "DStream", "StreamingListener")
 STATUSES = ("same", "different", "absent")
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from running_driver import QUICK_JIT
 
-PROGRAMS = Path(__file__).parent.parent / "examples" / "programs"
+PROGRAMS = Path(__file__).parents[2] / "examples" / "programs"
 FINITE = [
     "queue_stream",
     "stateful_wordcount",

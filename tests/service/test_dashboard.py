@@ -17,7 +17,7 @@ from debian_packages import require_binary
 from running_driver import running_driver, stop_process_group
 from servers import free_port
 
-DASHBOARD = Path(__file__).resolve().parents[1] / "helm/dstream/dashboards/dstream.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "helm/dstream/dashboards/dstream.json"
 JOB = "dashjob"
 # What Grafana would substitute; the ranges only need to span a few 1 s scrapes.
 GRAFANA_VARIABLES = {"$job": JOB, "$__rate_interval": "15s", "$__range": "5m"}

@@ -7,7 +7,7 @@ from dstream.runtime.control.failure import FailurePolicy
 from dstream.service.job import spark_conf
 from dstream.spec import parse_job
 from pyspark import SparkConf
-from test_spec import WORDCOUNT, with_change
+from tests.service.test_spec import WORDCOUNT, with_change
 
 
 def test_the_spec_reaches_the_scheduler_through_spark_conf():

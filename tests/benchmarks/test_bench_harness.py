@@ -20,7 +20,7 @@ from bench.throughput.reference import check_outputs, count_digest, expected, sa
 from bench.throughput.search import RateSearch, round_rate
 from bench.throughput.trial import BUSY, OK, SLOW, WRONG, Verdict, judge, percentile
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 
 def test_percentile_is_nearest_rank():

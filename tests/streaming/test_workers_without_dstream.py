@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from running_driver import QUICK_JIT
 
-PROGRAM = Path(__file__).parent / "programs" / "keyed_operators.py"
+PROGRAM = Path(__file__).parents[1] / "programs" / "keyed_operators.py"
 BATCHES = [["a", "b", "a"], ["b", "c"], ["a", "c", "c"], ["d"]]
 
 
