@@ -474,7 +474,8 @@ class StructuredSystem(System):
     load it again from the checkpoint at the next trigger (a snapshot plus every changelog
     since), for each operator and partition (SPARK-51955, fixed in Spark 4.1). With the
     chained windows' 100,000+ state rows updated per trigger that reload was most of every
-    trigger (bench/README.md, "Where a Structured Streaming trigger's time goes")."""
+    trigger (bench/results/2026-11-25-bench.md, "Structured Streaming's expert formulation with
+    RocksDB")."""
 
     name = "structured"
     variants = ("plain", "expert")

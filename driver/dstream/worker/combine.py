@@ -5,10 +5,11 @@ PySpark's `RDD.combineByKey` passes every record through `ExternalMerger.mergeVa
 also routes the record to a spill partition and counts it towards the next memory check, and
 calls the user's functions through a wrapper that turns a StopIteration into an error. For a
 tutorial word count (a (word, 1) pair per word) that made a batch about 1.6 times as long
-(bench/README.md). Here the loop does only what the semantics need (create or merge; a key
-seen before is looked up once, and a miss costs an exception only the first time), and
-memory is checked between chunks of `CHECK_EVERY` records; past `spark.python.worker.memory`
-the records so far and the rest go to `ExternalMerger`, which spills to disk as PySpark would.
+(bench/results/2026-11-24-bench.md, "What the engine changes of 2026-11-24 bought"). Here the
+loop does only what the semantics need (create or merge; a key seen before is looked up once,
+and a miss costs an exception only the first time), and memory is checked between chunks of
+`CHECK_EVERY` records; past `spark.python.worker.memory` the records so far and the rest go to
+`ExternalMerger`, which spills to disk as PySpark would.
 The result is the same RDD as PySpark's: same partitioner, same values. A StopIteration from the
 user's function still fails the task: it leaves the loop as an exception, not as the end of the
 records.

@@ -4,10 +4,10 @@ An incremental window subtracts the batches leaving it, so a restarted driver ne
 batches' reductions; they are written under the run's state directory as `rdd-<id>/part-NNNNN`
 (beside Spark's reliable checkpoints, pruned the same way). Spark's `rdd.checkpoint()` would
 write them in a second job after every batch's output job, plus the driver's side of a Spark
-checkpoint (bench/README.md, "What the engine changes of 2026-11-25 bought"). Here the task
-that computes a partition for the batch's output also writes it, as it hands the records on;
-the driver only runs a job for partitions no output computed (an output that took a few
-records).
+checkpoint (bench/results/2026-11-25-bench.md, "What the engine changes of 2026-11-25 bought").
+Here the task that computes a partition for the batch's output also writes it, as it hands the
+records on; the driver only runs a job for partitions no output computed (an output that took a
+few records).
 
 A part file: MAGIC, then chunks of records (each an 8-byte length and a pickled list), then a
 trailer: the part's index, the RDD's partition count, the CRC-32 of the chunks and the record
