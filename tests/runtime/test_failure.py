@@ -7,6 +7,7 @@ from dstream.runtime.control.failure import FailurePolicy
 from dstream.service.job import spark_conf
 from dstream.spec import parse_job
 from pyspark import SparkConf
+
 from tests.service.test_spec import WORDCOUNT, with_change
 
 

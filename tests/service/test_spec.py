@@ -17,9 +17,7 @@ from dstream.spec import (
     secret_env,
 )
 
-WORDCOUNT = yaml.safe_load(
-    (Path(__file__).parents[2] / "examples" / "wordcount.yaml").read_text()
-)
+WORDCOUNT = yaml.safe_load((Path(__file__).parents[2] / "examples" / "wordcount.yaml").read_text())
 
 
 def with_change(path: str, value) -> dict:
