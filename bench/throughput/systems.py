@@ -253,8 +253,8 @@ class DStreamSystem(System):
         """As `dstream run` starts: the executors compile with C1 only (without it a
         replacement executor's C2 compiler takes the cores its backlog drains on), and they
         ask the driver for their peers every second, so a second copy of state finds the
-        replacement (docs/fault-tolerance.md, "The executors as `dstream run` starts them",
-        "The second copy after a loss")."""
+        replacement (bench/results/2026-12-02-recovery.md, "The executors as `dstream run`
+        starts them", "The second copy after a loss")."""
         from dstream.runtime.state.memory import SPARK_CONF
         from dstream.service.job import jit_settings
 

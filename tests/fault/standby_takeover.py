@@ -1,7 +1,8 @@
-"""Where a standby's takeover goes, measured locally (docs/fault-tolerance.md): the job of the
-chaos e2e (faultapp: counts, running totals, an incrementally kept window; the rate source at
-100 records/s; 6 s batches; state checkpoints every 3 batches) with a leader and a
-`dstream run --standby`, each on `local-cluster[2,1,1024]` (executors of its own) and the JVMs'
+"""Where a standby's takeover goes, measured locally (docs/fault-tolerance.md, "Standby
+takeover, measured"; the runs in bench/results/2026-11-25-recovery.md): the job of the chaos e2e
+(faultapp: counts, running totals, an incrementally kept window; the rate source at 100 records/s;
+6 s batches; state checkpoints every 3 batches) with a leader and a `dstream run --standby`, each
+on `local-cluster[2,1,1024]` (executors of its own) and the JVMs'
 compilers as `dstream run` sets them there (the test drivers' quick JIT undone: the executors
 C1 only, the driver both; on pods the driver runs C1 only too). For each kill: wait for the
 standby to be warm and for two batches of the leader on time, SIGKILL the leader's process

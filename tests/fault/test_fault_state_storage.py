@@ -80,7 +80,7 @@ def test_a_survivors_blocks_keep_their_second_copy_through_the_next_loss(setting
     is lost too. With the engine's peer cache of a second its later blocks had their second
     copy on the replacement and none is computed again; with Spark's 60 s cache it still knew
     no peer, and every one is (what made the first batch after a kill recompute the state from
-    its last checkpoint, docs/fault-tolerance.md)."""
+    its last checkpoint, bench/results/2026-12-02-recovery.md, "The second copy after a loss")."""
     seen = program_output(SECOND_LOSS, settings)
     assert seen["stored_alone"], "the replacement registered before the survivor stored alone"
     assert seen["on_survivor"], "the survivor stored none of the blocks between the losses"

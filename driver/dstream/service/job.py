@@ -82,8 +82,8 @@ def jit_settings(conf: list[tuple[str, str]]) -> dict[str, str]:
     """The executors' JVMs, and on Kubernetes the driver's, compile with C1 only. After a restart
     C2 competes for the cores with everything else a new executor does before its first commit,
     and it bought no steady-state speed for dstream's jobs, whose records are handled in Python
-    while the JVM moves their bytes (docs/fault-tolerance.md, "The executors' JVMs without
-    C2"). In local mode the driver's JVM runs the tasks and keeps both compilers."""
+    while the JVM moves their bytes (bench/results/2026-11-27-recovery.md, "The executors' JVMs
+    without C2"). In local mode the driver's JVM runs the tasks and keeps both compilers."""
     settings = dict(conf)
     keys = ["spark.executor.extraJavaOptions"]
     if settings.get("spark.master", "").startswith("k8s://"):

@@ -148,7 +148,9 @@ class PartReader:
     all the same. A PySpark worker whose task left input unread finds no end-of-stream mark
     after it, tells the JVM not to reuse it and exits: every task that subtracted a durable
     batch then started a fresh Python worker (in a window's steady state, one per task of
-    every batch; docs/fault-tolerance.md, "Executor loss under load", measures the cost)."""
+    every batch; docs/fault-tolerance.md, "Executor loss under load", gives the cost, and
+    bench/results/2026-11-26-recovery.md, "The durable reader killed its Python workers", the
+    runs)."""
 
     directory: str
     partitions: int

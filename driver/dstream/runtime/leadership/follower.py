@@ -130,7 +130,8 @@ def warm_up(sc: SparkContext, stop: threading.Event, rounds: int = WARM_UP_ROUND
     directory of this SparkContext's checkpoint directory, which the executors share. Each
     executor's Python workers start and the JVMs load and compile that code before a batch
     needs it: a standby's first batches after a takeover ran it several times slower than
-    the warm leader (docs/fault-tolerance.md, with the A/B against bare shuffles). A stop
+    the warm leader (bench/results/2026-11-25-recovery.md, "Where a standby's takeover goes",
+    with the A/B against bare shuffles). A stop
     (the lead taken) ends it early."""
     slots = sc.defaultParallelism
     scratch = local_path(f"{sc.getCheckpointDir()}/standby-warm-up")

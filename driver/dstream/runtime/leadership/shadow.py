@@ -4,7 +4,8 @@ the standby itself, so that a takeover starts from state its executors hold alre
 Without it a standby that takes over restores state from the last state checkpoint and its
 first batches recompute everything since (the input of the batches after that checkpoint read
 again, their state and window steps run again), on executors that have not yet run the job's
-functions (docs/fault-tolerance.md, "Where a standby's takeover goes"). The shadow does that
+functions (bench/results/2026-11-25-recovery.md, "Where a standby's takeover goes"; the design:
+docs/fault-tolerance.md, "The standby's shadow"). The shadow does that
 work while the leader is alive: it restores state once as recovery does, then for each batch
 the leader commits it feeds the batch's recorded input ranges to the sources and computes the
 stateful streams' RDDs of that time through the graph's own generation path

@@ -17,8 +17,9 @@ before the replacement registered has refreshed that list to hold no peer, and k
 its blocks in one copy for up to a minute after the replacement was up: a second loss in that
 minute then lost state that had no other copy, and the batch after it recomputed the state
 from its last checkpoint. The engine sets the cache to one second (SPARK_CONF), which costs an
-executor one call to the driver a second while it stores blocks (docs/fault-tolerance.md, "The
-second copy after a loss").
+executor one call to the driver a second while it stores blocks (docs/fault-tolerance.md,
+"Executor loss under load"; the runs: bench/results/2026-12-02-recovery.md, "The second copy after
+a loss").
 
 It is read when the graph is built: a graph restored from a checkpoint keeps the choice it was
 built with. Under `local[...]` the driver is the only executor and a second copy has nowhere
