@@ -14,11 +14,20 @@ import pytest
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-# Spark's Python workers must import the test modules whose functions they run (and the
-# benchmark harness's programs, from the repository's root).
+# Spark's Python workers must import the test modules whose functions they run, by the names
+# pytest gives them (each folder's modules by their bare name), and the benchmark harness's
+# programs, from the repository's root.
 _TESTS = os.path.dirname(os.path.abspath(__file__))
+_TEST_FOLDERS = sorted(str(p.parent) for p in Path(_TESTS).glob("*/test_*.py"))
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (_TESTS, os.path.dirname(_TESTS), os.environ.get("PYTHONPATH", "")) if p
+    p
+    for p in (
+        _TESTS,
+        *dict.fromkeys(_TEST_FOLDERS),
+        os.path.dirname(_TESTS),
+        os.environ.get("PYTHONPATH", ""),
+    )
+    if p
 )
 
 

@@ -245,6 +245,24 @@ class CheckpointDir:
             if not this_run and _abandoned(run_dir):
                 run_dir.rmdir()
 
+    def prune_after_commit(
+        self,
+        keep_from_ms: int,
+        keep_state_paths: set[str],
+        current_run: str | None,
+        fence: Fence | None,
+    ) -> None:
+        """Prune (as `prune`) once a batch committed, under the fence it committed with: a
+        driver deposed since leaves the newer leader's files alone, and storage that refuses
+        a deletion only delays it to a later commit."""
+        if fence is not None and fence.superseded():
+            return
+        claimed_at = math.inf if fence is None else fence.claimed_at
+        try:
+            self.prune(keep_from_ms, keep_state_paths, current_run, claimed_at)
+        except OSError as error:
+            log.warning("pruning the checkpoint failed (%s); the next commit tries again", error)
+
     def move_aside(self, suffix: str) -> Path:
         """Rename the whole directory out of the way (start fresh without destroying data)."""
         target = self.path.with_name(f"{self.path.name}.{suffix}")

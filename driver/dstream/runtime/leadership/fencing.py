@@ -176,6 +176,10 @@ class Fence:
         if newest > self.epoch:
             raise DeposedError(self.epoch, newest, self.ledger.holder(newest))
 
+    def superseded(self) -> bool:
+        """Whether a newer epoch than this driver's has been claimed (check() would raise)."""
+        return self.ledger.newest() > self.epoch
+
     def check_written(self, newest_written: int) -> None:
         """DeposedError when the log holds an entry of a newer epoch than this driver's."""
         if newest_written > self.epoch:

@@ -348,6 +348,16 @@ class DStreamGraph:
         ]
         return min(times) if times else None
 
+    def log_needed_from(self, committed_ms: int) -> int | None:
+        """The oldest batch time whose log entry a restart after the batch `committed_ms` may
+        still need: back to the oldest state checkpoint kept, minus the longest window. None
+        while a stateful stream has no checkpoint in force (the whole log is needed)."""
+        if any(not s.checkpoint_data.in_force for s in self.stateful_streams()):
+            return None
+        oldest = self.oldest_checkpoint_in_force()
+        anchor = oldest if oldest is not None else committed_ms
+        return anchor - self.max_remember_ms() - self.batch_ms
+
     def keeps_checkpoint(self, rdd: RDD) -> bool:
         """RDDs marked for a checkpoint not yet written must stay cached (whichever stream
         forgets them: a stream may hold its parent's RDD)."""

@@ -20,7 +20,6 @@ pyspark.streaming, which keeps a rate source's batches a pure function of time.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -28,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dstream.runtime.checkpoint import durable
-from dstream.runtime.checkpoint.directory import CheckpointDir, LogConflictError
+from dstream.runtime.checkpoint.directory import CheckpointDir
 from dstream.runtime.checkpoint.files import CheckpointWriteError, fault_point
 from dstream.runtime.checkpoint.recovery import CheckpointRecovery, Recovery
 from dstream.runtime.control import latency
@@ -37,6 +36,7 @@ from dstream.runtime.leadership.fencing import DeposedError, Fence
 from dstream.runtime.leadership.leader import Leadership
 from dstream.runtime.scheduling import pools, timeline
 from dstream.runtime.scheduling.batch import BatchEvent, BatchInfo, BatchOutcome
+from dstream.runtime.scheduling.retries import FINAL_FAILURES, BatchRetries
 from dstream.runtime.timeutil import datetime_of
 
 if TYPE_CHECKING:
@@ -48,9 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 HISTORY = 1000
-# Failures that no retry can mend: a newer driver leads (DeposedError), or wrote this batch's
-# log entry already (LogConflictError). The run stops at once.
-FINAL_FAILURES = (DeposedError, LogConflictError)
 # Spark writes a marked RDD's marked ancestors in the same job too, not only the RDD: a window
 # and its durable batch reductions are both marked in the batches that checkpoint the window.
 CHECKPOINT_ALL_MARKED = "spark.checkpoint.checkpointAllMarkedAncestors"
@@ -373,38 +370,21 @@ class BatchScheduler:
         committed past as skipped only under onExhausted: skip; a checkpoint that cannot be
         written is never skipped past: without the batch's record and commit a restart could
         not tell what it read, so the batch stays uncommitted and the run stops there."""
-        failure = self._write_record(info)
+        retries = BatchRetries(info, self.failure_policy, self._report_error, self._wait_for_stop)
+        failure = self._write_record(info, retries)
         if failure is not None:
             return BatchOutcome("uncommitted", failure)
-        failure = self._run_outputs(info)
+        failure = self._run_outputs(info, retries)
         info.state_checkpoints = self._graph.completed_checkpoints()
         if failure is not None and not (self.failure_policy.skips and not self._stopping):
             return BatchOutcome("uncommitted", failure)
         outcome = BatchOutcome("committed") if failure is None else BatchOutcome("skipped", failure)
-        commit_failure = self._commit(info, outcome)
+        commit_failure = self._commit(info, outcome, retries)
         if commit_failure is not None:
             return BatchOutcome("uncommitted", commit_failure)
         return outcome
 
-    def _retrying(
-        self, info: BatchInfo, step: str, attempt: Callable[[], Exception | None]
-    ) -> Exception | None:
-        """Run `attempt` until it returns no failure, waiting a doubling backoff before each
-        retry; the retries of a batch's steps share the policy's count. The last failure when
-        the retries are spent or a stop came first, else None. Each failed attempt reaches
-        awaitTermination at once, as pyspark.streaming reports a failed batch: programs and
-        supervisors waiting there learn of it while the retries go on."""
-        while (failure := attempt()) is not None:
-            self._report_error(failure)
-            if isinstance(failure, FINAL_FAILURES):
-                return failure
-            spent = info.retries == self.failure_policy.retries
-            if spent or not self._back_off(info, step, failure):
-                return failure
-            info.retries += 1
-        return None
-
-    def _write_record(self, info: BatchInfo) -> Exception | None:
+    def _write_record(self, info: BatchInfo, retries: BatchRetries) -> Exception | None:
         """Log the batch's input ranges before any of its tasks runs (a replayed batch already
         has its record)."""
         record = info.record
@@ -413,6 +393,7 @@ class BatchScheduler:
         checkpoint = self._checkpoint
         failure = self._write_checkpoint(
             info,
+            retries,
             "writing its batch record",
             lambda: checkpoint.write_batch(info.batch_time_ms, record, self.fence),
         )
@@ -421,7 +402,7 @@ class BatchScheduler:
         return failure
 
     def _write_checkpoint(
-        self, info: BatchInfo, step: str, write: Callable[[], None]
+        self, info: BatchInfo, retries: BatchRetries, step: str, write: Callable[[], None]
     ) -> Exception | None:
         """A checkpoint write retried under the failure policy while the storage refuses it
         (read-only, full), its time added to the batch's checkpoint_seconds."""
@@ -437,9 +418,9 @@ class BatchScheduler:
                 info.checkpoint_seconds = (info.checkpoint_seconds or 0.0) + spent
             return None
 
-        return self._retrying(info, step, attempt)
+        return retries.run(step, attempt)
 
-    def _run_outputs(self, info: BatchInfo) -> Exception | None:
+    def _run_outputs(self, info: BatchInfo, retries: BatchRetries) -> Exception | None:
         """Run the batch's output operations, then write the durable partitions they did not
         compute; what fails runs again under the failure policy (outputs that succeeded do
         not run again). The batch's RDDs are generated once, so a retry reads the same input
@@ -467,24 +448,12 @@ class BatchScheduler:
                 return durable.part_write_failure(error) or error
             return None
 
-        return self._retrying(info, "running its outputs", attempt)
+        return retries.run("running its outputs", attempt)
 
-    def _back_off(self, info: BatchInfo, step: str, error: Exception) -> bool:
-        """Wait before the next retry; False when a stop came first (the batch stays
-        uncommitted and runs again after a restart)."""
-        retry = info.retries + 1
-        seconds = self.failure_policy.backoff_before(retry)
-        log.warning(
-            "batch %s: %s failed (%s); retry %d of %d in %.1f s",
-            datetime_of(info.batch_time_ms),
-            step,
-            str(error).splitlines()[0] if str(error) else type(error).__name__,
-            retry,
-            self.failure_policy.retries,
-            seconds,
-        )
+    def _wait_for_stop(self, seconds: float) -> bool:
+        """Wait up to `seconds` (a retry's backoff); whether a stop came meanwhile."""
         with self._wakeup:
-            return not self._wakeup.wait_for(lambda: self._stopping, seconds)
+            return self._wakeup.wait_for(lambda: self._stopping, seconds)
 
     def _give_up(self, info: BatchInfo, failure: Exception) -> None:
         """Leave the batch uncommitted and end the run: its record stays in the log, so the
@@ -521,7 +490,9 @@ class BatchScheduler:
                 info.schedulingDelay() or 0,
             )
 
-    def _commit(self, info: BatchInfo, outcome: BatchOutcome) -> Exception | None:
+    def _commit(
+        self, info: BatchInfo, outcome: BatchOutcome, retries: BatchRetries
+    ) -> Exception | None:
         """Mark the batch done in the log, retrying under the failure policy; the failure when
         the marker could not be written. A skipped batch (failurePolicy onExhausted: skip) is
         marked too, with its error and the input ranges it skipped: the run moved on past it,
@@ -536,30 +507,19 @@ class BatchScheduler:
             commit["skipped"] = info.ranges
         return self._write_checkpoint(
             info,
+            retries,
             "writing its commit marker",
             lambda: checkpoint.write_commit(info.batch_time_ms, commit, self.fence),
         )
 
     def _prune(self, time_ms: int) -> None:
-        """Keep log entries back to the oldest state checkpoint kept, minus the longest window.
-        The batch is committed already: storage that refuses a deletion only delays it to a
-        later commit."""
+        """Drop the log entries and state checkpoints no restart can need any more."""
         assert self._checkpoint is not None
-        if self.fence is not None and self.fence.ledger.newest() > self.fence.epoch:
-            return  # deposed since the commit: the newer driver's files are not ours to judge
-        stateful = self._graph.stateful_streams()
-        if any(not s.checkpoint_data.in_force for s in stateful):
-            return
-        oldest = self._graph.oldest_checkpoint_in_force()
-        anchor = oldest if oldest is not None else time_ms
-        keep_from = anchor - self._graph.max_remember_ms() - self._graph.batch_ms
-        claimed_at = math.inf if self.fence is None else self.fence.claimed_at
-        try:
-            self._checkpoint.prune(
-                keep_from, self._graph.state_paths_in_force(), self._graph.state_run_dir, claimed_at
+        keep_from = self._graph.log_needed_from(time_ms)
+        if keep_from is not None:
+            self._checkpoint.prune_after_commit(
+                keep_from, self._graph.state_paths_in_force(), self._graph.state_run_dir, self.fence
             )
-        except OSError as error:
-            log.warning("pruning the checkpoint failed (%s); the next commit tries again", error)
 
     def wait_for_batch(self, time_ms: int, timeout_s: float) -> BatchInfo:
         """Block until the batch at time_ms has completed (tests and the CLI use it)."""
