@@ -32,8 +32,6 @@ from dstream_api.view import (
     JobView,
     QueryFailedError,
     QueryNotApplicableError,
-    RunningJob,
-    RuntimeView,
     SliceQuery,
     UnknownStreamError,
 )
@@ -45,11 +43,6 @@ MAX_SAMPLE = 1000
 TIME_HELP = "ISO-8601 (naive: the driver's local time) or unix epoch seconds"
 # Epoch seconds first: pydantic would otherwise read a bare number as a datetime too.
 Time = Annotated[float, Field(allow_inf_nan=False)] | datetime
-
-
-def create_app(runtime: RunningJob) -> FastAPI:
-    """The API of a running job (what `dstream run` and the driver pod serve)."""
-    return app_for(RuntimeView(runtime))
 
 
 def parameter_error(name: str, message: str, value: Any) -> RequestValidationError:

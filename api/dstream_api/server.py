@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import uvicorn
 
-from dstream_api.app import create_app
+from dstream_api.app import app_for
 from dstream_api.auth import refuse_open_to_network
+from dstream_api.view import JobView
 
 STARTUP_TIMEOUT_S = 30
 
 
-def serve_in_background(runtime: Any, port: int, host: str) -> uvicorn.Server:
+def serve_in_background(view: JobView, port: int, host: str) -> uvicorn.Server:
     """Start uvicorn on its own thread and return once it listens (so the URL the CLI prints
     works); raises if it cannot bind, or OpenToNetworkError for a non-loopback host without a
     token. Set `server.should_exit = True` to stop it."""
     refuse_open_to_network(host)
-    config = uvicorn.Config(create_app(runtime), host=host, port=port, log_level="warning")
+    config = uvicorn.Config(app_for(view), host=host, port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="dstream-api", daemon=True)
     thread.start()

@@ -13,12 +13,8 @@ from typing import Any
 
 from dstream.runtime.checkpoint.recovery import RECOVERY_KINDS
 from dstream.runtime.control import latency
-from dstream.runtime.scheduling.scheduler import BatchInfo
-from dstream_api.models import Batch, SliceResult, Status, StreamSummary
-from dstream_api.view import (
-    QueryFailedError,
-    SliceQuery,
-    UnknownStreamError,
+from dstream.runtime.scheduling.batch import BatchInfo
+from dstream.service.job_view import (
     answer_slice,
     batch_of,
     empty_slice,
@@ -27,6 +23,8 @@ from dstream_api.view import (
     slice_times,
     utc,
 )
+from dstream_api.models import Batch, SliceResult, Status, StreamSummary
+from dstream_api.view import QueryFailedError, SliceQuery, UnknownStreamError
 from prometheus_client import CollectorRegistry, Counter
 
 JOB = "fake"

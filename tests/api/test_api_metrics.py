@@ -7,7 +7,7 @@ import time
 import pytest
 from dstream.runtime.checkpoint.recovery import RECOVERY_KINDS
 from dstream.runtime.control.backpressure import PIDRateEstimator, RateController
-from dstream.runtime.scheduling.scheduler import BatchEvent, BatchInfo
+from dstream.runtime.scheduling.batch import BatchEvent, BatchInfo
 from dstream.service.metrics import StreamingMetrics
 from streams import manual_context, run_batches
 

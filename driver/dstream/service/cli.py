@@ -148,7 +148,9 @@ def run_job(args: argparse.Namespace) -> int:
     if args.port:
         from dstream_api.server import serve_in_background
 
-        server = serve_in_background(runtime, args.port, args.host)
+        from dstream.service.job_view import RuntimeView
+
+        server = serve_in_background(RuntimeView(runtime), args.port, args.host)
         print(
             f"dstream: job {job.metadata.name} serving http://{args.host}:{args.port} "
             f"(/v1/status, /metrics)",

@@ -19,7 +19,8 @@ from dstream.context import StreamingContext
 from dstream.runtime.control.failure import BatchFailedError
 from dstream.runtime.leadership.fencing import DeposedError, move_aside_keeping_epoch
 from dstream.runtime.scheduling import pools, timeline
-from dstream.runtime.scheduling.scheduler import BatchInfo, BatchScheduler
+from dstream.runtime.scheduling.batch import BatchInfo
+from dstream.runtime.scheduling.scheduler import BatchScheduler
 from dstream.runtime.state import memory as state_storage
 from dstream.runtime.task_errors import raised_in_task
 from dstream.service import executor_owner, jvm_archive

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
     from dstream.context import StreamingContext
     from dstream.dstream import DStream
-    from dstream.runtime.scheduling.scheduler import BatchInfo, BatchScheduler
+    from dstream.runtime.scheduling.batch import BatchInfo
+    from dstream.runtime.scheduling.scheduler import BatchScheduler
 
 log = logging.getLogger(__name__)
 

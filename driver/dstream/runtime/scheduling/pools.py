@@ -11,7 +11,7 @@ only uses what the stream leaves.
 creates its own SparkContext can add SPARK_CONF to its conf; without it the pool properties are
 ignored and Spark schedules FIFO, as pyspark.streaming does. FAIR scheduling does not preempt
 a running task, so the API also runs a query in at most half the task slots
-(dstream_api.view.query_partitions): the stream always finds a free one.
+(dstream.service.job_view.query_partitions): the stream always finds a free one.
 """
 
 from __future__ import annotations
