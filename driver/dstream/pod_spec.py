@@ -136,7 +136,7 @@ class TemplateMetadata(PodModel):
 
 class PodTemplate(PodModel):
     """A partial core/v1 Pod, merged under what the operator (driver) or Spark (executors)
-    generates; see the README's "Pod customisation" for who owns which field."""
+    generates; see docs/job-spec.md, "Pod customisation on Kubernetes", for who owns which field."""
 
     metadata: TemplateMetadata | None = None
     spec: PodSpecTemplate | None = None
