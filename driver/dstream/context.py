@@ -26,7 +26,7 @@ from dstream.runtime.checkpoint.directory import (
 )
 from dstream.runtime.control.backpressure import PIDRateEstimator, RateController
 from dstream.runtime.control.failure import FailurePolicy
-from dstream.runtime.leadership.fencing import move_aside_keeping_epoch
+from dstream.runtime.leadership.leader import move_aside_keeping_epoch
 from dstream.runtime.scheduling.clock import ManualClock, SystemClock
 from dstream.runtime.scheduling.graph import DStreamGraph
 from dstream.runtime.scheduling.scheduler import BatchScheduler

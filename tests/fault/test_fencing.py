@@ -18,8 +18,8 @@ from dstream.runtime.leadership.fencing import (
     NextEpoch,
     claim_epoch,
     epoch_source_from_env,
-    move_aside_keeping_epoch,
 )
+from dstream.runtime.leadership.leader import move_aside_keeping_epoch
 from dstream.runtime.leadership.lease import CheckpointInUseError, CheckpointLease, LeadLostError
 from fault.harness import wait_until
 

@@ -17,7 +17,8 @@ from pyspark import SparkConf, SparkContext
 from dstream.connectors import create_sink, create_source
 from dstream.context import StreamingContext
 from dstream.runtime.control.failure import BatchFailedError
-from dstream.runtime.leadership.fencing import DeposedError, move_aside_keeping_epoch
+from dstream.runtime.leadership.fencing import DeposedError
+from dstream.runtime.leadership.leader import move_aside_keeping_epoch
 from dstream.runtime.scheduling import pools, timeline
 from dstream.runtime.scheduling.batch import BatchInfo
 from dstream.runtime.scheduling.scheduler import BatchScheduler

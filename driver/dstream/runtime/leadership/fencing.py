@@ -21,7 +21,7 @@ Where an epoch comes from is pluggable (EpochSource): the next number after the 
 an election held outside the driver hands in (`GivenEpoch`, from `DSTREAM_EPOCH`). Either way
 the claim is recorded in the checkpoint, which is where writes are checked. A checkpoint
 written before epochs existed has none: its records count as epoch 0. Starting fresh moves
-the checkpoint aside but not its epochs (`move_aside_keeping_epoch`): the transactional sinks
+the checkpoint aside but not its epochs (leader.py's `move_aside_keeping_epoch`): the transactional sinks
 remember the epochs that wrote to them.
 """
 
@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from dstream.runtime.checkpoint.directory import move_checkpoint_aside
 from dstream.runtime.checkpoint.files import create_exclusively
 
 if TYPE_CHECKING:
@@ -193,24 +192,6 @@ class FencedWriter(Protocol):
     output operation hands it the fence its driver writes under (None without a checkpoint)."""
 
     def write_batch(self, time: datetime, rdd: RDD, fence: Fence | None) -> None: ...
-
-
-def move_aside_keeping_epoch(path: str | Path) -> Path | None:
-    """Start fresh (move the checkpoint aside) with the epochs going on from the old newest
-    claim, which is carried into the new directory: a sink that checks epochs in its own
-    transactions (PostgreSQL's `dstream_epochs`, Kafka's commit records) remembers the drivers
-    before, and would refuse a new one counting from 1 as deposed."""
-    newest = EpochLedger(path).newest()
-    moved = move_checkpoint_aside(path)
-    if moved is None or newest == 0:
-        return moved
-    old, new = EpochLedger(moved), EpochLedger(path)
-    new.directory.mkdir(parents=True, exist_ok=True)
-    create_exclusively(new.path(newest), old.holder(newest).encode())
-    renewed = old.renewed_at(newest)
-    if renewed is not None:  # the carried claim's lease is as old as it was
-        os.utime(new.path(newest), (renewed, renewed))
-    return moved
 
 
 def claim_epoch(ledger: EpochLedger, source: EpochSource) -> Fence:

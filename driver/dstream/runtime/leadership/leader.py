@@ -10,10 +10,19 @@ check it inside their own transactions, with every batch.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dstream.runtime.leadership.fencing import DeposedError, Fence, epoch_source_from_env
+from dstream.runtime.checkpoint.directory import move_checkpoint_aside
+from dstream.runtime.checkpoint.files import create_exclusively
+from dstream.runtime.leadership.fencing import (
+    DeposedError,
+    EpochLedger,
+    Fence,
+    epoch_source_from_env,
+)
 from dstream.runtime.leadership.follower import CheckpointFollower
 from dstream.runtime.leadership.lease import (
     DEFAULT_DURATION_S,
@@ -98,3 +107,21 @@ class Leadership:
         go on under its epoch until the standby claims the next one (then they are refused)."""
         if self.lease is not None:
             self.lease.release()
+
+
+def move_aside_keeping_epoch(path: str | Path) -> Path | None:
+    """Start fresh (move the checkpoint aside) with the epochs going on from the old newest
+    claim, which is carried into the new directory: a sink that checks epochs in its own
+    transactions (PostgreSQL's `dstream_epochs`, Kafka's commit records) remembers the drivers
+    before, and would refuse a new one counting from 1 as deposed."""
+    newest = EpochLedger(path).newest()
+    moved = move_checkpoint_aside(path)
+    if moved is None or newest == 0:
+        return moved
+    old, new = EpochLedger(moved), EpochLedger(path)
+    new.directory.mkdir(parents=True, exist_ok=True)
+    create_exclusively(new.path(newest), old.holder(newest).encode())
+    renewed = old.renewed_at(newest)
+    if renewed is not None:  # the carried claim's lease is as old as it was
+        os.utime(new.path(newest), (renewed, renewed))
+    return moved
