@@ -178,8 +178,8 @@ class BatchScheduler:
         return first_ms
 
     def _recover(self) -> int:
-        """Recover from the checkpoint (dstream.runtime.checkpoint.recovery) and queue its uncommitted
-        batches to run first, each with the ranges its record holds; the first new time."""
+        """Recover from the checkpoint (checkpoint/recovery.py) and queue its uncommitted batches
+        to run first, each with the ranges its record holds; the first new time."""
         assert self._checkpoint is not None and self.leadership is not None
         verified, shadow = self.leadership.stop_following()
         self.recovery = CheckpointRecovery(
