@@ -8,9 +8,7 @@ import inspect
 import logging
 import socket
 import threading
-import time
 import warnings
-from collections.abc import Callable
 from operator import add
 from typing import Any
 
@@ -18,6 +16,7 @@ import pytest
 from dstream import StreamingContext
 from dstream.runtime.control.failure import FailurePolicy
 from dstream.runtime.scheduling.clock import ManualClock
+from fault.harness import wait_until
 from streams import BATCH_TIMEOUT_S, final_failure, manual_context
 
 WAIT_S = 60
@@ -66,13 +65,6 @@ def server():
     line_server.close()
 
 
-def eventually(condition: Callable[[], Any], timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
-
-
 def advance_one(ssc: StreamingContext) -> None:
     ssc._clock.advance(ssc._batch_ms)
     ssc._scheduler.wait_for_batch(ssc._clock.now_ms(), BATCH_TIMEOUT_S)
@@ -95,7 +87,7 @@ def test_network_wordcount_counts_the_lines_received_per_batch(sc, server):
         (b"last line\n", 1),
     ]:
         server.send(data)
-        eventually(lambda received=received: source.backlog(0) == received)
+        wait_until(lambda received=received: source.backlog(0) == received, WAIT_S)
         advance_one(ssc)
     ssc.stop(stopSparkContext=False)
 
@@ -144,7 +136,7 @@ def test_a_restart_loses_the_lines_of_a_batch_not_yet_committed_and_says_so(
     ssc.start()
     ssc._scheduler.failure_policy = FailurePolicy(retries=0)
     server.send(b"a\nb\nc\n")
-    eventually(lambda: ssc.input_streams[0].backlog(0) == 3)
+    wait_until(lambda: ssc.input_streams[0].backlog(0) == 3, WAIT_S)
     ssc._clock.advance(1000)
     final_failure(ssc)
     ssc.stop(stopSparkContext=False)
@@ -155,7 +147,7 @@ def test_a_restart_loses_the_lines_of_a_batch_not_yet_committed_and_says_so(
         ssc.start()
         ssc._scheduler.wait_for_batch(1000, BATCH_TIMEOUT_S)
     server.send(b"d\n", connection=2)
-    eventually(lambda: ssc.input_streams[0].backlog(0) == 1)
+    wait_until(lambda: ssc.input_streams[0].backlog(0) == 1, WAIT_S)
     advance_one(ssc)
     ssc.stop(stopSparkContext=False)
 

@@ -11,7 +11,9 @@ directory is the one a reader lists (Spark's own streaming tests take the newest
 directory is therefore beside it, `<parent>/.dstream-staging-<name>`, on the same mount unless
 the output directory is itself a mount point (a volume, a Kubernetes subPath); then, or when the
 parent is not writable, the only place on its mount is inside it: a hidden `.dstream-staging`,
-which Spark's and Hadoop's readers skip. Either exists only while a batch is written.
+which Spark's and Hadoop's readers skip. Either is removed once a batch's write leaves it empty;
+what a failed or crashed attempt left in it (a task of a failed job may still be writing) goes
+with the next write of the same batch.
 """
 
 from __future__ import annotations
