@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from pyspark import RDD, SparkConf, SparkContext
+from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 from pyspark.serializers import CloudPickleSerializer
 
 from dstream.dstream import DStream, MultiTransformedDStream, UnionDStream
@@ -32,7 +32,14 @@ from dstream.runtime.scheduling.graph import DStreamGraph
 from dstream.runtime.scheduling.scheduler import BatchScheduler
 from dstream.runtime.shipping import ship_to_workers
 from dstream.runtime.timeutil import duration_to_ms
-from dstream.sources import FileInputDStream, InputDStream, QueueInputDStream, RateInputDStream
+from dstream.sources import (
+    BinaryRecordsInputDStream,
+    FileInputDStream,
+    InputDStream,
+    QueueInputDStream,
+    RateInputDStream,
+    SocketInputDStream,
+)
 
 log = logging.getLogger(__name__)
 # Settings that describe the process that wrote a checkpoint, not the program: a SparkContext
@@ -242,6 +249,24 @@ class StreamingContext:
         """Lines of files newly created in `directory` (files present at start are skipped)."""
         return FileInputDStream(self, directory, "text", new_files_only=True, name="textFileStream")
 
+    def binaryRecordsStream(self, directory: str, recordLength: int) -> DStream:
+        """Records of `recordLength` bytes of files newly created in `directory`, as `bytes`
+        (files present at start are skipped); a file whose length is not a multiple of
+        recordLength stops the run with a SourceError naming it (BinaryRecordsInputDStream)."""
+        return BinaryRecordsInputDStream(self, directory, recordLength)
+
+    def socketTextStream(
+        self,
+        hostname: str,
+        port: int,
+        storageLevel: StorageLevel = StorageLevel.MEMORY_AND_DISK_2,
+    ) -> DStream:
+        """UTF-8 lines from the TCP server at hostname:port, received by the driver from
+        start(). Not replayable: a restart loses the lines not yet processed, which start()
+        warns of (SocketInputDStream). `storageLevel` is accepted and has no effect: a batch's
+        lines stay in the driver until the batch has run."""
+        return SocketInputDStream(self, hostname, port)
+
     def fileStream(self, directory: str, format: str = "text", name: str = "files") -> DStream:
         """Every file in `directory` not yet processed, in name order; format 'text' or 'json'."""
         return FileInputDStream(self, directory, format, new_files_only=False, name=name)
@@ -321,8 +346,14 @@ class StreamingContext:
         for listener in self._pending_listeners:
             self._scheduler.add_listener(listener)
         self._scheduler.start(standby=standby)
+        for receiver in self._receivers():
+            receiver.start_receiving()
         self._state = "active"
         StreamingContext._activeContext = self
+
+    def _receivers(self) -> list[SocketInputDStream]:
+        """The input streams whose records the driver receives while the context runs."""
+        return [s for s in self._graph.inputs if isinstance(s, SocketInputDStream)]
 
     def _report_error(self, error: BaseException) -> None:
         """A failed attempt of a batch, kept for awaitTermination* to raise (the newest one,
@@ -357,6 +388,8 @@ class StreamingContext:
             return
         if self._scheduler is not None:
             self._scheduler.stop()
+            for receiver in self._receivers():
+                receiver.stop_receiving()
         self._graph.finish_rdd_writes()
         self._state = "stopped"
         if StreamingContext._activeContext is self:

@@ -1,4 +1,5 @@
-"""Input streams. A source never hands the driver records: it plans an input *range* per batch.
+"""Input streams. A source never hands the driver records: it plans an input *range* per batch
+(but for socketTextStream, whose lines the driver receives: a socket has no range to replay).
 
 `plan(time, max_records)` runs on the driver at each batch time and returns a JSON-able range
 (rate: offsets per partition; files: the exact file list; redis: entry IDs per stream) that goes
@@ -6,14 +7,18 @@ into the batch log before the batch runs; `compute(time)` turns the recorded ran
 whose tasks read the records. A restarted driver feeds the same recorded ranges back, so a re-run
 batch reads the same input. This module holds what every source shares and the generic input streams
 that StreamingContext creates itself (`queueStream`, `textFileStream`/`fileStream`,
-`rateStream`); the connectors (`dstream.connectors`) build these, or their own brokers' streams,
-from a job spec's `source` block.
+`binaryRecordsStream`, `rateStream`, `socketTextStream`); the connectors (`dstream.connectors`)
+build these, or their own brokers' streams, from a job spec's `source` block.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,10 +29,13 @@ from dstream.dstream import DStream
 from dstream.runtime.checkpoint.files import write_atomically
 from dstream.runtime.control import latency
 from dstream.runtime.control.latency import Ages
+from dstream.runtime.timeutil import datetime_of
 from dstream.worker import textgen
 
 if TYPE_CHECKING:
     from dstream.context import StreamingContext
+
+log = logging.getLogger(__name__)
 
 
 class SourceError(RuntimeError):
@@ -313,6 +321,13 @@ class FileInputDStream(InputDStream):
 
             return done
 
+        return self._read_files(time_ms, files, report)
+
+    def _read_files(
+        self, time_ms: int, files: list[str], report: Callable[[Any], Callable[[int], None]]
+    ) -> RDD:
+        """The records of the batch's files; `report(item)` is what the reader of a range
+        (or a whole file) calls with its record count."""
         if self.format == "text":
             ranges = byte_ranges(files, self._sc.defaultParallelism)
             return self._sc.parallelize(ranges, len(ranges)).flatMap(
@@ -325,18 +340,72 @@ class FileInputDStream(InputDStream):
         )
 
 
-def byte_ranges(paths: list[str], cores: int) -> list[tuple[str, int, int]]:
+class BinaryRecordsInputDStream(FileInputDStream):
+    """binaryRecordsStream: new files of a directory, each cut into records of `record_length`
+    bytes, chosen, logged and replayed as textFileStream's files are. A file whose length is not
+    a multiple of the record length would end in a record cut short: Spark fails the batch then
+    (an EOFException) and pyspark.streaming goes on without the file's records; here the batch
+    that would take the file is refused at planning, before anything of it is logged, with a
+    SourceError naming the file, and the run stops until the file is fixed or removed."""
+
+    def __init__(self, ssc: StreamingContext, directory: str, record_length: int):
+        if not isinstance(record_length, int) or record_length <= 0:
+            raise ValueError(f"recordLength must be a positive int, got {record_length!r}")
+        super().__init__(
+            ssc,
+            directory,
+            "binary",
+            new_files_only=True,
+            name="binaryRecordsStream",
+            bytes_per_record=record_length,
+        )
+        self.record_length = record_length
+
+    def signature(self) -> dict[str, Any]:
+        return {**super().signature(), "recordLength": self.record_length}
+
+    def _next_range(self, time_ms: int, max_records: int | None) -> Any:
+        planned = super()._next_range(time_ms, max_records)
+        for name in planned["files"]:
+            path = self.directory / name
+            size = path.stat().st_size
+            if size % self.record_length:
+                raise SourceError(cut_short(str(path), size, self.record_length))
+        return planned
+
+    def _read_files(
+        self, time_ms: int, files: list[str], report: Callable[[Any], Callable[[int], None]]
+    ) -> RDD:
+        length = self.record_length
+        ranges = byte_ranges(files, self._sc.defaultParallelism, align=length)
+        return self._sc.parallelize(ranges, len(ranges)).flatMap(
+            lambda item: _records_in_range(item, length, report(item))
+        )
+
+
+def cut_short(path: str, size: int, record_length: int) -> str:
+    """What is wrong with a file of binaryRecordsStream whose last record is cut short."""
+    return (
+        f"binaryRecordsStream: {path} has {size} bytes, not a multiple of recordLength "
+        f"{record_length}: its last record would be cut short ({size % record_length} of "
+        f"{record_length} bytes). Fix or remove the file (write files under a hidden name and "
+        "rename them into place)"
+    )
+
+
+def byte_ranges(paths: list[str], cores: int, align: int = 1) -> list[tuple[str, int, int]]:
     """(path, start, end): the files cut into byte ranges of about an equal share of the
     batch's bytes per core (never under MIN_RANGE_BYTES), so that a batch of fewer large files
     than cores still keeps every core busy. The files are complete (renamed into place) and a
     line is read by the range holding its first byte, so a replayed batch reads the same lines
-    however it cuts them (with another core count, say)."""
+    however it cuts them (with another core count, say). Cuts fall on multiples of `align`: a
+    fixed record length keeps each record in one range."""
     sizes = [os.path.getsize(path) for path in paths]
     share = max(MIN_RANGE_BYTES, -(-sum(sizes) // cores))
     ranges = []
     for path, size in zip(paths, sizes, strict=True):
         pieces = max(1, -(-size // share))
-        cuts = [size * i // pieces for i in range(pieces + 1)]
+        cuts = [size // align * i // pieces * align for i in range(pieces)] + [size]
         ranges += [(path, cuts[i], cuts[i + 1]) for i in range(pieces)]
     return ranges
 
@@ -369,6 +438,28 @@ def _lines_in_range(
             else:
                 count += 1
                 yield line.decode("utf-8", errors="replace")
+    if done is not None:
+        done(count)
+
+
+def _records_in_range(
+    path_start_end: tuple[str, int, int],
+    record_length: int,
+    done: Callable[[int], None] | None = None,
+) -> Iterator[bytes]:
+    """The records of `record_length` bytes that begin in bytes [start, end) of the file
+    (start a multiple of the length); SourceError for a record cut short, in a file that changed
+    after its batch was planned. `done` gets the number of records once all were read."""
+    path, start, end = path_start_end
+    count = 0
+    with open(path, "rb") as records:
+        records.seek(start)
+        for _ in range(start, end, record_length):
+            record = records.read(record_length)
+            if len(record) < record_length:
+                raise SourceError(cut_short(path, os.path.getsize(path), record_length))
+            count += 1
+            yield record
     if done is not None:
         done(count)
 
@@ -486,3 +577,147 @@ class RateInputDStream(InputDStream):
                 yield from textgen.lines(seed, size, partition, start, end)
 
         return self._sc.parallelize(slices, len(slices)).mapPartitionsWithIndex(generate)
+
+
+CONNECT_TIMEOUT_S = 2.0
+
+
+class SocketInputDStream(InputDStream):
+    """socketTextStream: UTF-8 lines from a TCP server, as pyspark.streaming's receiver reads
+    them (a line ends at \\n, \\r\\n or \\r; the receiver reconnects after
+    `spark.streaming.receiverRestartDelay`, 2 s, when the connection fails or ends). A planned
+    range is `{"records": n}`.
+
+    Sources here hand each batch a range that tasks read, and a socket has none: what it sent
+    cannot be asked for again. So the receiver is a thread of the driver, started with the
+    context, that buffers lines as they arrive; each batch takes the lines buffered when it is
+    planned (at most its rate limit's budget; the rest wait, as backlog) and hands them to Spark
+    with parallelize. A restart or a driver failure loses the lines buffered and those of
+    batches not yet committed: a batch re-run from the checkpoint comes back empty (logged), as
+    does a window's earlier batch recomputed after a restart. The buffer is in the driver's
+    memory and unbounded: a job that falls behind grows it (set a rate limit)."""
+
+    _UNPICKLED = (
+        *InputDStream._UNPICKLED,
+        "_buffer",
+        "_batches",
+        "_buffer_lock",
+        "_receiver",
+        "_connection",
+        "_stopping",
+    )
+
+    def __init__(self, ssc: StreamingContext, hostname: str, port: int):
+        super().__init__(ssc, "socketTextStream")
+        self.hostname = hostname
+        self.port = port
+        self._reset()
+
+    def _attach(self, ssc: StreamingContext) -> None:
+        super()._attach(ssc)
+        self._reset()
+
+    def _reset(self) -> None:
+        """This run's buffer and receiver (none yet): not checkpointed, as they hold this
+        driver's lines and connection."""
+        self._buffer: list[str] = []
+        self._batches: dict[int, list[str]] = {}
+        self._buffer_lock = threading.Lock()
+        self._receiver: threading.Thread | None = None
+        self._connection: socket.socket | None = None
+        self._stopping = threading.Event()
+
+    @property
+    def address(self) -> str:
+        return f"{self.hostname}:{self.port}"
+
+    def start_receiving(self) -> None:
+        """Connect and buffer lines from now on, warning that they can be lost."""
+        log.warning(
+            "socketTextStream(%s): the lines it receives are held in this driver's memory until "
+            "their batch runs, and a socket cannot send them again: a restart or a driver "
+            "failure loses those not yet processed (batches re-run from the checkpoint come "
+            "back empty). For input that survives a restart, use a replayable source (files, "
+            "Kafka, Redis, NATS).",
+            self.address,
+        )
+        delay_s = int(self._sc._conf.get("spark.streaming.receiverRestartDelay", "2000")) / 1000
+        self._receiver = threading.Thread(
+            target=self._receive,
+            args=(delay_s,),
+            name=f"dstream-socket-{self.address}",
+            daemon=True,
+        )
+        self._receiver.start()
+
+    def stop_receiving(self) -> None:
+        """Close the connection and end the receiver; lines not yet planned are dropped."""
+        self._stopping.set()
+        connection = self._connection
+        if connection is not None:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+        if self._receiver is not None:
+            self._receiver.join()
+
+    def _receive(self, delay_s: float) -> None:
+        """Read lines into the buffer until stopped, connecting again after a failure or the
+        end of the connection, as Spark's receiver restarts."""
+        while not self._stopping.is_set():
+            try:
+                address = (self.hostname, self.port)
+                with socket.create_connection(address, timeout=CONNECT_TIMEOUT_S) as conn:
+                    conn.settimeout(None)
+                    self._connection = conn
+                    if self._stopping.is_set():
+                        return
+                    with conn.makefile("r", encoding="utf-8", errors="replace") as lines:
+                        for line in lines:
+                            with self._buffer_lock:
+                                self._buffer.append(line.removesuffix("\n"))
+                problem = "the server closed the connection"
+            except OSError as error:
+                problem = f"cannot read from it: {error}"
+            finally:
+                self._connection = None
+            if not self._stopping.is_set():
+                log.warning(
+                    "socketTextStream(%s): %s; again in %.1f s", self.address, problem, delay_s
+                )
+                self._stopping.wait(delay_s)
+
+    def backlog(self, now_ms: int) -> int:
+        with self._buffer_lock:
+            return len(self._buffer)
+
+    def _next_range(self, time_ms: int, max_records: int | None) -> Any:
+        with self._buffer_lock:
+            taken = len(self._buffer) if max_records is None else max_records
+            lines, self._buffer = self._buffer[:taken], self._buffer[taken:]
+        self._batches[time_ms] = lines
+        return {"records": len(lines)}
+
+    def _advance_past(self, planned: Any) -> None:
+        """Nothing to advance: lines leave the buffer when a batch takes them."""
+
+    def records_in(self, planned: Any) -> int:
+        return int(planned["records"])
+
+    def forget_before(self, time_ms: int) -> None:
+        super().forget_before(time_ms)
+        for t in [t for t in self._batches if t < time_ms]:
+            del self._batches[t]
+
+    def _read(self, time_ms: int, planned: Any) -> RDD:
+        lines = self._batches.get(time_ms)
+        if lines is None:
+            if planned["records"]:
+                log.warning(
+                    "socketTextStream(%s): the %d lines of batch %s were received by an earlier "
+                    "driver and are lost",
+                    self.address,
+                    planned["records"],
+                    datetime_of(time_ms),
+                )
+            return self._sc.emptyRDD()
+        return self._sc.parallelize(lines)

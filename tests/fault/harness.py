@@ -456,6 +456,21 @@ def tmpfs(path: Path, size_kb: int = 4096) -> Iterator[Path]:
         subprocess.run(["umount", "--lazy", str(path)], check=True)
 
 
+@contextmanager
+def bind_mount(source: Path, path: Path) -> Iterator[Path]:
+    """`source` bind-mounted at `path` for the block: the same file system (and device) on both
+    sides, yet a rename between them fails (EXDEV), as across a Kubernetes subPath mount."""
+    source.mkdir(parents=True, exist_ok=True)
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = _mount("--bind", str(source), str(path))
+    if mounted.returncode != 0:
+        pytest.fail(f"mount --bind needs root (CAP_SYS_ADMIN): {mounted.stderr.strip()!r}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "--lazy", str(path)], check=True)
+
+
 def remount(path: Path, mode: str) -> None:
     """Make the tmpfs at `path` read-only ("ro") or writable again ("rw"). The kernel refuses
     read-only while a file there is open for writing, so that is tried until none is."""

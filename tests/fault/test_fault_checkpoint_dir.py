@@ -1,5 +1,6 @@
 """The checkpoint directory's housekeeping, without Spark: pruning, crashed writers' leftovers,
-signatures, the fault-injection hook, and the files sink's replacement of an earlier attempt."""
+signatures, the fault-injection hook, and the files sink's staging and replacement of an earlier
+attempt."""
 
 from __future__ import annotations
 
@@ -9,9 +10,16 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from dstream.runtime.checkpoint.directory import CheckpointDir, compare_signatures
 from dstream.runtime.checkpoint.files import write_document
-from dstream.runtime.checkpoint.output import remove_earlier_attempts, replace_directory
+from dstream.runtime.checkpoint.output import (
+    is_mount_point,
+    remove_earlier_attempts,
+    replace_directory,
+    staging_dir,
+)
+from fault.harness import bind_mount, tmpfs
 
 
 def spark_checkpoint(run: Path, rdd: int, in_flight: bool = False) -> Path:
@@ -114,18 +122,37 @@ def test_fault_point_kills_at_the_chosen_arrival_only(tmp_path):
 
 
 def test_files_sink_replaces_an_attempt_and_removes_dead_ones(tmp_path):
-    final = tmp_path / "batch-1000"
-    final.mkdir()
+    """Dead attempts of the batch go from both staging directories, another batch's stay; the
+    replacement leaves the output directory holding the batch's directory only."""
+    out = tmp_path / "out"
+    final = out / "batch-1000"
+    final.mkdir(parents=True)
     (final / "part-00000").write_text("first attempt\n")
-    dead = [tmp_path / ".tmp-batch-1000-0badf00d", tmp_path / ".old-batch-1000-12345678"]
-    other_batch = tmp_path / ".tmp-batch-10000-0badf00d"
+    beside, inside = tmp_path / ".dstream-staging-out", out / ".dstream-staging"
+    dead = [beside / "tmp-batch-1000-0badf00d", inside / "old-batch-1000-12345678"]
+    other_batch = beside / "tmp-batch-10000-0badf00d"
     for directory in (*dead, other_batch):
-        directory.mkdir()
+        directory.mkdir(parents=True)
     remove_earlier_attempts(final)
     assert not any(d.exists() for d in dead) and other_batch.exists()
-    again = tmp_path / ".tmp-batch-1000-feedbeef"
+    assert staging_dir(out) == beside
+    again = beside / "tmp-batch-1000-feedbeef"
     again.mkdir()
     (again / "part-00000").write_text("second attempt\n")
     replace_directory(again, final)
     assert (final / "part-00000").read_text() == "second attempt\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [other_batch.name, "batch-1000"]
+    assert sorted(p.name for p in beside.iterdir()) == [other_batch.name]
+    inside.rmdir()
+    assert [p.name for p in out.iterdir()] == ["batch-1000"]
+
+
+@pytest.mark.parametrize("mount", ["tmpfs", "bind"])
+def test_an_output_directory_that_is_a_mount_point_stages_inside_itself(tmp_path, mount):
+    """A rename from beside a mount point into it would cross mounts (EXDEV), for a file system
+    of its own and for a bind mount of the same one (same device: only the mount table tells)."""
+    out = tmp_path / "out"
+    with tmpfs(out) if mount == "tmpfs" else bind_mount(tmp_path / "elsewhere", out):
+        assert is_mount_point(out)
+        assert staging_dir(out) == out / ".dstream-staging"
+    assert not is_mount_point(out)
+    assert staging_dir(out) == tmp_path / ".dstream-staging-out"

@@ -104,6 +104,7 @@ def test_driver_killed_repeatedly_output_exact(tmp_path):
     assert not verdict.mismatched_batches, verdict.mismatched_batches
     assert verdict.lost == 0 and verdict.duplicated == 0
     assert not [p.name for p in job.out.iterdir() if p.name.startswith(".")], "temp dirs left"
+    assert not (job.out.parent / f".dstream-staging-{job.out.name}").exists(), "attempts left"
 
 
 def run_round(job: RateJob, fault: str, arrival: int, rng: random.Random, log: Path) -> Round:

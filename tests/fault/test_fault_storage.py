@@ -49,7 +49,7 @@ def log_entries(job: InProcessJob, time_ms: int) -> list[str]:
 
 
 def sink_entries(job: InProcessJob, time_ms: int) -> list[str]:
-    """The batch's directories in the sink, hidden attempts included."""
+    """The batch's directories in the sink."""
     return sorted(p.name for p in job.job.out.iterdir() if f"batch-{time_ms}" in p.name)
 
 
@@ -152,7 +152,7 @@ def test_a_full_sink_volume_fails_the_batch_uncommitted_and_a_restart_writes_it_
         assert f"writing {job.job.out}/batch-{time_ms} failed: " in str(failed)
         assert "No space left on device" in str(failed)
         assert log_entries(job, time_ms) == [f"batch-{time_ms}.json"]
-        assert all(name.startswith(".") for name in sink_entries(job, time_ms))
+        assert sink_entries(job, time_ms) == []  # a task still running may leave a part staged
 
         filler.unlink()
         ssc = job.start()
