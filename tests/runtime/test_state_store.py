@@ -102,6 +102,31 @@ def test_versions_load_back_from_the_local_copy_and_from_the_checkpoint(tmp_path
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_copy_held_at_an_older_version_catches_up_by_the_changelogs_since(tmp_path, kind):
+    """A memory store in a worker that did not run the partition's last tasks, or a RocksDB
+    copy left behind, applies the changelogs after its version instead of loading it all."""
+    place = place_of(tmp_path, kind)
+    writer = Writer(place)
+    writer.commit({key(i): b"a" for i in range(300)})
+    old = writer.commit({key(1): b"b"}, snapshot=True)
+    stale = tmp_path / "stale"
+    if kind == "rocksdb":
+        shutil.copytree(place.local, stale)
+    held = partition._MEMORY.get((place.root, place.partition))
+    held_copy = None if held is None else type(held)(dict(held._data), held.version)
+    writer.commit({key(2): b"c"})
+    last = writer.commit({key(3): None})
+    forget_local(place)
+    if kind == "rocksdb":
+        shutil.copytree(stale, place.local)
+    if held_copy is not None:
+        partition._MEMORY[(place.root, place.partition)] = held_copy
+    for name in ("changelog-1000", "changelog-2000", f"snapshot-{old.time_ms}.json"):
+        (place.versions.directory / name).unlink()  # what it holds is not loaded again
+    assert contents(place, last) == writer.expected
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_store_reads_its_pending_changes_and_a_failed_task_leaves_none_behind(tmp_path, kind):
     place = place_of(tmp_path, kind)
     writer = Writer(place)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from dstream import State, StateSpec, StreamingContext
-from dstream.runtime.checkpoint.directory import CheckpointDir
+from dstream.runtime.checkpoint.directory import CheckpointDir, CheckpointMismatchError
 from dstream.runtime.scheduling.clock import ManualClock
 from dstream.runtime.state.partition import LOCAL_DIR_KEY, SNAPSHOT_INTERVAL_KEY, STORE_KEY
 from streams import BATCH_TIMEOUT_S, final_failure, manual_context, run_batches
@@ -299,3 +299,19 @@ def test_a_torn_changelog_that_no_snapshot_covers_stops_the_run_naming_it(sc, tm
     assert "no usable snapshot after it" in str(failed.__cause__)
     assert not (CheckpointDir(program.checkpoint).log_dir / "commit-4000.json").exists()
     shutil.rmtree(tmp_path / "b", ignore_errors=True)
+
+
+def test_the_store_kind_stays_the_checkpoints_and_a_rebuilt_graph_with_another_is_refused(
+    sc, tmp_path
+):
+    program = Program(sc, tmp_path / "job")
+    with store_conf(sc, {STORE_KEY: "rocksdb", LOCAL_DIR_KEY: str(tmp_path / "a")}):
+        program.run(2)
+    with store_conf(sc, {STORE_KEY: "memory"}):
+        restored = StreamingContext.getOrCreate(program.checkpoint, program.setup)
+        [stream] = [s for s in restored.all_streams if type(s).__name__ == "MapWithStateDStream"]
+        assert stream._settings.kind == "rocksdb"  # its checkpoint holds RocksDB snapshots
+        rebuilt = StreamingContext.getOrCreate(program.checkpoint, program.setup, rebuild=True)
+        with pytest.raises(CheckpointMismatchError, match="store was 'rocksdb', now 'memory'"):
+            rebuilt.start()
+        rebuilt.stop(stopSparkContext=False)

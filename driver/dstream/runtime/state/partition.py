@@ -2,10 +2,12 @@
 the batch's version. What runs here runs in the executors' Python workers.
 
 Opening is quick when this executor holds the partition at that version (RocksDB: its local
-directory; memory: this worker process); otherwise the version is loaded from the checkpoint, the
-newest usable snapshot and the changelogs after it (versions.py). That is how a partition comes
-back after a restart, an executor loss, a task that ran elsewhere last time, or a batch that runs
-again (the store then holds that batch's own version, not the one before it).
+directory; memory: this worker process). When it holds an older version on the same line (a
+memory store in a worker that did not run the partition's last tasks), the store catches up by
+the changelogs since. Otherwise the version is loaded from the checkpoint, the newest usable
+snapshot and the changelogs after it (versions.py). That is how a partition comes back after a
+restart, an executor loss, a task that ran elsewhere last time, or a batch that runs again (the
+store then holds that batch's own version, not the one before it).
 
 Committing writes the changelog into the checkpoint first, then applies the changes locally: a
 task that fails between the two leaves the local store at its old version, which the batch's
@@ -127,15 +129,23 @@ def open_store(place: PartitionPlace, version: Version | None) -> KeyedStore:
 
 def _open_memory(place: PartitionPlace, version: Version | None) -> MemoryStore:
     key = (place.root, place.partition)
-    store = _MEMORY.get(key)
+    held = _MEMORY.pop(key, None)
     if version is None:
         store = MemoryStore()
-    elif store is None or store.version != version:
-        _MEMORY.pop(key, None)
+    elif held is not None and held.version == version:
+        store = held
+    else:
         scratch = place.local.with_name(f"{place.partition}.loading-{uuid.uuid4().hex}")
         try:
-            restored = place.versions.restore(version, "memory", scratch)
-            store = MemoryStore.load_snapshot(scratch) if restored.directory else MemoryStore()
+            restored = place.versions.restore(version, "memory", scratch, _version_of(held))
+            if restored.held:
+                assert held is not None
+                store = held
+                store.discard()
+            elif restored.directory is not None:
+                store = MemoryStore.load_snapshot(scratch)
+            else:
+                store = MemoryStore()
             for changelog in restored.changelogs:
                 store.apply(changelog.changes, changelog.version)
         finally:
@@ -149,24 +159,44 @@ def _open_rocksdb(place: PartitionPlace, version: Version | None) -> KeyedStore:
 
     local, memory_mb = place.local, place.settings.memory_mb
     database = local / "db"
-    if version is not None and database.exists():
-        store = _open_waiting(database, memory_mb)
-        if store.version == version:
-            return store
-        store.close()
-    shutil.rmtree(local, ignore_errors=True)
-    local.mkdir(parents=True)
-    files: dict[str, SnapshotFile] = {}
     if version is None:
-        store = RocksDBStore(database, memory_mb)
-    else:
-        restored = place.versions.restore(version, "rocksdb", database)
-        files = restored.files
-        store = RocksDBStore(database, memory_mb)
+        shutil.rmtree(local, ignore_errors=True)
+        local.mkdir(parents=True)
+        _write_shared(local, {})
+        return RocksDBStore(database, memory_mb)
+    held = _open_waiting(database, memory_mb) if database.exists() else None
+    if held is not None and held.version == version:
+        return held
+    loading = local.with_name(f"{place.partition}.loading-{uuid.uuid4().hex}")
+    try:
+        restored = place.versions.restore(version, "rocksdb", loading, _version_of(held))
+        if restored.held:
+            assert held is not None
+            store = held
+            store.discard()
+        else:
+            if held is not None:
+                held.close()
+                held = None
+            shutil.rmtree(local, ignore_errors=True)
+            local.mkdir(parents=True)
+            if restored.directory is not None:
+                loading.rename(database)
+            store = RocksDBStore(database, memory_mb)
+            _write_shared(local, restored.files)
         for changelog in restored.changelogs:
             store.apply(changelog.changes, changelog.version)
-    _write_shared(local, files)
-    return store
+        return store
+    except BaseException:
+        if held is not None:
+            held.close()
+        raise
+    finally:
+        shutil.rmtree(loading, ignore_errors=True)
+
+
+def _version_of(store: KeyedStore | None) -> Version | None:
+    return store.version if store is not None else None
 
 
 def _open_waiting(database: Path, memory_mb: int) -> KeyedStore:

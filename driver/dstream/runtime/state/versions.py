@@ -258,11 +258,19 @@ class PartitionVersions:
 
     # -- loading --------------------------------------------------------------------------
 
-    def restore(self, target: Version, kind: str, scratch: Path) -> Restored:
-        """What loading `target` takes: the newest usable snapshot on its line of versions,
-        copied into `scratch` (none: start empty), and the changelogs after it, oldest first.
-        A torn snapshot is passed over for an older one, with a warning; a changelog that is
-        needed and torn or missing is a StateStoreError."""
+    def restore(
+        self, target: Version, kind: str, scratch: Path, held: Version | None = None
+    ) -> Restored:
+        """What loading `target` takes. When the version a store `held` is on its line and
+        the changelogs back to it are whole, those changelogs: the store catches up by what
+        changed since. Else the newest usable snapshot on the line, copied into `scratch`
+        (none: start empty), and the changelogs after it, oldest first. A torn snapshot is
+        passed over for an older one, with a warning; a changelog that is needed and torn or
+        missing is a StateStoreError."""
+        if held is not None:
+            since = self._changelogs_since(held, target)
+            if since is not None:
+                return Restored(None, None, {}, since, [], held=True)
         changelogs: list[Changelog] = []
         passed_over: list[str] = []
         wanted: Version | None = target
@@ -284,6 +292,22 @@ class PartitionVersions:
             changelogs.append(changelog)
             wanted = changelog.parent
         return Restored(None, None, {}, changelogs[::-1], passed_over)
+
+    def _changelogs_since(self, held: Version, target: Version) -> list[Changelog] | None:
+        """The changelogs from `held` (not included) to `target`, oldest first; None when
+        `held` is not on target's line or one of them is not whole."""
+        changelogs: list[Changelog] = []
+        wanted: Version | None = target
+        while wanted is not None and wanted.time_ms > held.time_ms:
+            try:
+                changelog = self.read_changelog(wanted.time_ms)
+            except TornFileError:
+                return None
+            if changelog.version != wanted:
+                return None
+            changelogs.append(changelog)
+            wanted = changelog.parent
+        return changelogs[::-1] if wanted == held else None
 
     def _needed_changelog(self, wanted: Version, target: Version) -> Changelog:
         """The changelog of `wanted`, on the way back from `target`; StateStoreError when it is
@@ -308,11 +332,13 @@ class PartitionVersions:
 @dataclass(frozen=True)
 class Restored:
     """A version's way back from the checkpoint: its snapshot's version, local directory and
-    files (None: none, start empty), the changelogs to apply after it, oldest first, and the
-    snapshots passed over as torn."""
+    files (None: none), the changelogs to apply after it, oldest first, the snapshots passed
+    over as torn, and whether the changelogs apply to the version the store held (else, with
+    no snapshot, to an empty store)."""
 
     snapshot: Version | None
     directory: Path | None
     files: dict[str, SnapshotFile]
     changelogs: list[Changelog]
     passed_over: list[str]
+    held: bool = False
