@@ -617,8 +617,8 @@ class StateStore(SpecModel):
         64,
         ge=1,
         alias="memoryMB",
-        description="rocksdb: MB of block cache and memtables of one open store (one per "
-        "running task).",
+        description="rocksdb: MB of block cache and memtables per Python worker (one per "
+        "running task), shared by the stores it opens.",
     )
     snapshot_interval: int = Field(
         10, ge=1, description="Batches between snapshots; each batch writes its changes."

@@ -48,9 +48,9 @@ _SHARED = "shared.json"
 
 @dataclass(frozen=True)
 class StoreSettings:
-    """The state store a job's keyed state lives in: `kind` (memory or rocksdb), the memory one
-    open RocksDB store may take in MB, the versions between snapshots, and the local directory
-    (default: the executor's Spark local directory)."""
+    """The state store a job's keyed state lives in: `kind` (memory or rocksdb), the memory in MB
+    the RocksDB stores a Python worker opens share, the versions between snapshots, and the local
+    directory (default: the executor's Spark local directory)."""
 
     kind: str = "memory"
     memory_mb: int = 64

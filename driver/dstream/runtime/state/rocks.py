@@ -1,7 +1,7 @@
 """The state store in an embedded RocksDB (`rocksdict`, which ships RocksDB in its wheel), on the
 executor's local disk: state larger than memory stays on disk, and the memory RocksDB takes is
-capped per open store (block cache and memtables share one LRU cache of `memory_mb`, as Spark's
-`boundedMemoryUsage` does).
+capped per Python worker (the block cache and memtables of the stores it opens share one LRU
+cache of `memory_mb`, as Spark's `boundedMemoryUsage` does per executor).
 
 A snapshot is a RocksDB checkpoint: the memtable flushed, then the table files hard-linked and
 the small descriptor files copied into a directory, so it costs about nothing locally; the
@@ -10,6 +10,7 @@ table files never change once written, which lets the checkpoint copy only the n
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,22 +28,30 @@ IMMUTABLE_SUFFIXES = (".sst", ".blob")
 def _options(memory_mb: int) -> rocksdict.Options:
     """Raw byte keys; block cache, index and filter blocks and memtables charged to one cache of
     `memory_mb`, half of it at most for memtables; bloom filters for point lookups."""
+    cache, buffers = _shared_memory(memory_mb)
     options = rocksdict.Options(raw_mode=True)
     options.create_if_missing(True)
-    cache = rocksdict.Cache(memory_mb * _MB)
     table = rocksdict.BlockBasedOptions()
     table.set_block_cache(cache)
     table.set_cache_index_and_filter_blocks(True)
     table.set_bloom_filter(10, False)
     options.set_block_based_table_factory(table)
-    buffers = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
-        memory_mb * _MB // 2, False, cache
-    )
     options.set_write_buffer_manager(buffers)
     options.set_write_buffer_size(max(_MB, memory_mb * _MB // 4))
     options.set_max_write_buffer_number(2)
     options.set_keep_log_file_num(2)
     return options
+
+
+@functools.cache
+def _shared_memory(memory_mb: int) -> tuple[rocksdict.Cache, rocksdict.WriteBufferManager]:
+    """The worker's one cache of `memory_mb` and the memtables' share of it, for every store it
+    opens: a store is opened per task, and the blocks its last task read stay cached."""
+    cache = rocksdict.Cache(memory_mb * _MB)
+    buffers = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
+        memory_mb * _MB // 2, False, cache
+    )
+    return cache, buffers
 
 
 class RocksDBStore(KeyedStore):
