@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from dstream.context import StreamingContext
     from dstream.dstream import DStream
     from dstream.listener import StreamingListener
+    from dstream.state import State, StateSpec
 
 # Every task of the engine imports this package in its Python worker: from then on, the worker
 # stops re-reading Spark's zips and jars before each task (see dstream.worker.zipcache).
@@ -32,9 +33,11 @@ _EXPORTS = {
     "StreamingContext": "dstream.context",
     "DStream": "dstream.dstream",
     "StreamingListener": "dstream.listener",
+    "StateSpec": "dstream.state",
+    "State": "dstream.state",
 }
 
-__all__ = ["DStream", "StreamingContext", "StreamingListener"]
+__all__ = ["DStream", "State", "StateSpec", "StreamingContext", "StreamingListener"]
 
 
 def __getattr__(name: str) -> Any:

@@ -532,6 +532,16 @@ class DStream:
             initialRDD = self._sc.parallelize(list(initialRDD))
         return StateDStream(self, updateFunc, numPartitions, initialRDD)
 
+    def mapWithState(self, spec: Any) -> Any:
+        """Scala Spark's mapWithState over a (key, value) stream, with a `StateSpec`
+        (`from dstream import StateSpec`): one record per call of its function, which runs only
+        for keys with data in the batch or timing out; `.stateSnapshots()` of the result gives
+        every live key's state. Its state lives in the state store (docs/state.md), which needs
+        the checkpoint directory set."""
+        from dstream.state import MapWithStateDStream
+
+        return MapWithStateDStream(self, spec)
+
     def track(
         self,
         init: Callable[[Any, Any], Any],

@@ -604,6 +604,33 @@ class FailurePolicy(SpecModel):
     )
 
 
+class StateStore(SpecModel):
+    """Where keyed state lives (docs/state.md): mapWithState's state store, in each task's
+    memory or in an embedded RocksDB on the executors' local disk."""
+
+    store: Literal["memory", "rocksdb"] = Field(
+        "memory",
+        description="memory: a dict per partition in the Python worker; rocksdb: a RocksDB per "
+        "partition on the executor's disk, for state larger than memory.",
+    )
+    memory_mb: int = Field(
+        64,
+        ge=1,
+        alias="memoryMB",
+        description="rocksdb: MB of block cache and memtables per Python worker (one per "
+        "running task), shared by the stores it opens.",
+    )
+    snapshot_interval: int = Field(
+        10, ge=1, description="Batches between snapshots; each batch writes its changes."
+    )
+    local_dir: str | None = Field(
+        None,
+        pattern=r"^/",
+        description="rocksdb: the executors' directory for the stores; default: Spark's local "
+        "directory.",
+    )
+
+
 class JobSpec(SpecModel):
     batch_interval: Duration
     app: App
@@ -612,6 +639,7 @@ class JobSpec(SpecModel):
     checkpoint: Checkpoint | None = None
     backpressure: Backpressure = Field(default_factory=Backpressure)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    state: StateStore = Field(default_factory=StateStore)
     speculation: Speculation = Field(default_factory=Speculation)
     driver: Driver = Field(default_factory=Driver)
     executor: Executor = Field(default_factory=Executor)

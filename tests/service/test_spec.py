@@ -100,6 +100,9 @@ def test_defaults_fill_an_minimal_job():
         ),
         ("spec.executor.memory", "1GB", "spec.executor.memory: String should match pattern"),
         ("spec.checkpoint.path", None, "spec.checkpoint.path: Field required"),
+        ("spec.state", {"store": "leveldb"}, "spec.state.store: Input should be 'memory' or"),
+        ("spec.state", {"memoryMB": 0}, "spec.state.memoryMB: Input should be greater"),
+        ("spec.state", {"localDir": "state"}, "spec.state.localDir: String should match"),
         ("spec.bogus", 1, "spec.bogus: Extra inputs are not permitted"),
         ("metadata.name", "Not_A_Name", "metadata.name: String should match pattern"),
         ("kind", "Job", "kind: Input should be 'StreamingJob'"),
@@ -260,3 +263,26 @@ def test_a_bad_failure_policy_names_the_field(policy, field):
     with pytest.raises(SpecError) as error:
         parse_job(with_change("spec.failurePolicy", policy))
     assert any(problem.startswith(field) for problem in error.value.problems), error.value
+
+
+def test_the_state_block_selects_the_store_through_spark_settings():
+    from dstream.service.job import spark_conf
+
+    assert parse_job(WORDCOUNT).spec.state.store == "memory"
+    job = parse_job(
+        with_change(
+            "spec.state",
+            {"store": "rocksdb", "memoryMB": 256, "snapshotInterval": 5, "localDir": "/mnt/s"},
+        )
+    )
+    conf = spark_conf(job, "local[2]", {})
+    assert [conf.get(f"spark.dstream.state.{key}") for key in ("store", "memoryMB")] == [
+        "rocksdb",
+        "256",
+    ]
+    assert conf.get("spark.dstream.state.snapshotInterval") == "5"
+    assert conf.get("spark.dstream.state.localDir") == "/mnt/s"
+    overridden = with_change("spec.sparkConf", {"spark.dstream.state.store": "memory"})
+    assert spark_conf(parse_job(overridden), "local[2]", {}).get("spark.dstream.state.store") == (
+        "memory"
+    )

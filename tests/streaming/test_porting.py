@@ -66,6 +66,36 @@ def test_a_row_agrees_with_dstream_and_names_a_test_that_exists(row):
         assert re.search(rf"^def {name}\(", (ROOT / path).read_text(), re.MULTILINE), test
 
 
+def scala_rows() -> list[tuple[list[str], str, str]]:
+    """The rows of the table of Scala Spark's mapWithState: (dstream names, status, test)."""
+    text = (ROOT / "docs" / "porting.md").read_text()
+    section = text.split("## From Scala Spark: mapWithState", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 5 or not cells[0].startswith("`"):
+            continue
+        _scala, ours, status, _why, test = cells
+        assert status in STATUSES, line
+        rows.append((re.findall(r"`([\w.]+)`", ours), status, test.strip("`")))
+    return rows
+
+
+def test_every_row_from_scala_spark_names_what_dstream_has_and_a_test_that_exists():
+    import dstream.state
+
+    rows = scala_rows()
+    assert len(rows) >= 9
+    for names, status, test in rows:
+        assert bool(names) == (status != "absent"), (names, status)
+        for name in names:
+            owner, _, attribute = name.partition(".")
+            assert hasattr(getattr(dstream.state, owner), attribute), name
+        if test:
+            path, _, function = test.partition("::")
+            assert re.search(rf"^def {function}\(", (ROOT / path).read_text(), re.MULTILINE), test
+
+
 class Recorder(dstream.StreamingListener):
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []

@@ -23,12 +23,13 @@ from dstream.runtime.scheduling import pools, timeline
 from dstream.runtime.scheduling.batch import BatchInfo
 from dstream.runtime.scheduling.scheduler import BatchScheduler
 from dstream.runtime.state import memory as state_storage
+from dstream.runtime.state import partition as state_store
 from dstream.runtime.task_errors import raised_in_task
 from dstream.service import executor_owner, jvm_archive
 from dstream.service.apps import build_app
 from dstream.service.metrics import StreamingMetrics
 from dstream.sources import SourceError
-from dstream.spec import StreamingJob, duration_ms
+from dstream.spec import StateStore, StreamingJob, duration_ms
 from dstream.worker import pydaemon
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
         "spark.speculation.multiplier": str(spec.speculation.multiplier),
         "spark.speculation.quantile": str(spec.speculation.quantile),
     }
+    settings.update(state_store_settings(spec.state))
     if spec.backpressure.initial_rate is not None:
         settings["spark.streaming.backpressure.initialRate"] = str(spec.backpressure.initial_rate)
     if spec.backpressure.max_rate is not None:
@@ -73,6 +75,18 @@ def spark_conf(job: StreamingJob, master: str | None, extra: dict[str, str]) -> 
     conf.setMaster(master or conf.get("spark.master", "local[2]"))
     conf.setAll(list(executor_owner.owner_settings(conf.getAll()).items()))
     return conf.setAll(list(jit_settings(conf.getAll()).items()))
+
+
+def state_store_settings(state: StateStore) -> dict[str, str]:
+    """The spec's `state` block as the SparkConf keys a program sets (runtime/state)."""
+    settings = {
+        state_store.STORE_KEY: state.store,
+        state_store.MEMORY_MB_KEY: str(state.memory_mb),
+        state_store.SNAPSHOT_INTERVAL_KEY: str(state.snapshot_interval),
+    }
+    if state.local_dir is not None:
+        settings[state_store.LOCAL_DIR_KEY] = state.local_dir
+    return settings
 
 
 # HotSpot's quick compiler only (C1, no C2); a job's own option after it wins, as the JVM takes

@@ -5,13 +5,16 @@ Layout under the checkpoint path:
                             SparkContext's settings; written when a run starts (.bk: previous)
     log/batch-<ms>.json     the input ranges of a batch, written before the batch runs
     log/commit-<ms>.json    written once the batch's output jobs succeeded; lists the state
-                            checkpoints that batch made (a batch skipped under failurePolicy
-                            onExhausted: skip is committed with its error and skipped ranges,
-                            so a restart does not re-run it)
+                            checkpoints that batch made and the state store versions it wrote
+                            (a batch skipped under failurePolicy onExhausted: skip is
+                            committed with its error and skipped ranges, so a restart does not
+                            re-run it)
     epochs/epoch-<n>.json   the drivers that led the checkpoint, one claim each (fencing.py);
                             every record and commit carries its writer's epoch
     state/                  Spark's reliable RDD checkpoints (sc.setCheckpointDir), and
                             windows' durable batch reductions beside them (durable.py)
+    stores/                 state stores' changelogs and snapshots, per stream and partition
+                            (runtime/state/versions.py)
     deadletter/             malformed input records, per batch
 Every file is written to a temporary name, fsynced and renamed, and carries a checksum, so a
 crash mid-write leaves either the old state or a file that is detected as torn and ignored; a
@@ -102,6 +105,22 @@ class LogState:
     @property
     def last_time(self) -> int | None:
         return max(self.records) if self.records else None
+
+    def store_versions(self) -> dict[str, tuple[dict[str, Any], int]]:
+        """Per state store stream, the version its newest commit lists, and how many versions
+        its commits list after the last that was snapshot (all it lists, when none was)."""
+        found: dict[str, tuple[dict[str, Any], int]] = {}
+        since: dict[str, int] = {}
+        snapshot_seen: set[str] = set()
+        for time_ms in sorted(self.commits, reverse=True):
+            for stream, listing in self.commits[time_ms].get("stores", {}).items():
+                found.setdefault(stream, (listing, 0))
+                if stream not in snapshot_seen:
+                    if listing.get("snapshot"):
+                        snapshot_seen.add(stream)
+                    else:
+                        since[stream] = since.get(stream, 0) + 1
+        return {stream: (listing, since.get(stream, 0)) for stream, (listing, _) in found.items()}
 
     def state_checkpoints(self) -> dict[str, list[tuple[int, str]]]:
         """Per stateful stream, its committed checkpoints (time, path), newest first."""

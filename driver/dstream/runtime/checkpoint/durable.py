@@ -80,6 +80,10 @@ class PartWriter:
         trailer = _TRAILER.pack(index, self.partitions, zlib.crc32(body), count)
         write_atomically(part_path(self.directory, index), MAGIC + body + trailer)
 
+    def missing(self) -> list[int]:
+        """The partitions whose part is not written yet."""
+        return missing_parts(self.directory, self.partitions)
+
 
 def read_part(directory: str, index: int, partitions: int) -> list[Any]:
     """A part's records; TornFileError unless it is whole and belongs where it is found."""

@@ -11,14 +11,16 @@ import json
 import logging
 import os
 import signal
+import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 log = logging.getLogger(__name__)
 
 FAULT_INJECT_ENV = "DSTREAM_FAULT_INJECT"
 _fault_arrivals: dict[str, int] = {}
+_COPY_BLOCK = 1 << 20
 
 
 def fault_point(name: str) -> None:
@@ -52,26 +54,46 @@ def write_atomically(path: Path, data: bytes, fault: str | None = None) -> None:
     Storage that refuses the write (read-only, full, gone) raises CheckpointWriteError after
     the temporary file is removed, so `path` keeps its previous content or, when only the
     directory sync failed, the complete new one: never a part."""
-    _write_then_place(path, data, fault, os.replace)
+    _write_then_place(path, lambda out: out.write(data), fault, os.replace)
 
 
 def create_exclusively(path: Path, data: bytes, fault: str | None = None) -> None:
     """As write_atomically, but `path` must not exist yet: the temporary file is hard-linked to
     its name, which fails with FileExistsError when the name is taken (a link, atomic on local
     file systems and NFS alike, never replaces a file as a rename does)."""
-    _write_then_place(path, data, fault, os.link)
+    _write_then_place(path, lambda out: out.write(data), fault, os.link)
+
+
+def copy_atomically(source: Path, path: Path, fault: str | None = None) -> int:
+    """Copy the file `source` to `path` as write_atomically writes, a block at a time (a file
+    may be larger than memory should hold); the CRC-32 of what was copied. A `source` that
+    cannot be opened raises its OSError, a `path` that cannot be written CheckpointWriteError."""
+    crc = 0
+
+    def copy(out: BinaryIO) -> None:
+        nonlocal crc
+        while block := data.read(_COPY_BLOCK):
+            crc = zlib.crc32(block, crc)
+            out.write(block)
+
+    with open(source, "rb") as data:
+        _write_then_place(path, copy, fault, os.replace)
+    return crc
 
 
 def _write_then_place(
-    path: Path, data: bytes, fault: str | None, place: Callable[[Path, Path], None]
+    path: Path,
+    write: Callable[[BinaryIO], object],
+    fault: str | None,
+    place: Callable[[Path, Path], None],
 ) -> None:
-    """Write `data` to a temporary sibling, fsync it, `place` it at `path` (a rename or a
-    link), fsync the directory; the temporary file is gone afterwards, whatever happened."""
+    """`write` a temporary sibling, fsync it, `place` it at `path` (a rename or a link), fsync
+    the directory; the temporary file is gone afterwards, whatever happened."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as out:
-            out.write(data)
+            write(out)
             out.flush()
             os.fsync(out.fileno())
         if fault:

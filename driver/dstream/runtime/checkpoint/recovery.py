@@ -132,6 +132,7 @@ class CheckpointRecovery:
             if self._shadow is not None:
                 self._shadow.discard()
             restored = self.restore_state(found.state_checkpoints(), found.torn)
+        self.restore_store_versions(found)
         self.require_replayable(found, restored)
         last = found.last_time if found.last_time is not None else self._graph.zero_ms
         recovery = Recovery(
@@ -215,6 +216,13 @@ class CheckpointRecovery:
                 data.keep(time_ms, path)
         return restored
 
+    def restore_store_versions(self, found: LogState) -> None:
+        """Each state store stream's version in force, as the newest commit lists it: its next
+        batch starts from that version, which its tasks load from their executor or the
+        checkpoint (a batch re-run now finds the state as of the batch before it)."""
+        for index, (listing, since_snapshot) in found.store_versions().items():
+            self._graph.streams[int(index)].checkpoint_data.restore_version(listing, since_snapshot)
+
     def read_checkpoint(self, stream: DStream, path: str, torn: list[str]) -> RDD | None:
         """A state checkpoint as an RDD, verified once (its partitioner back when the stream's
         RDDs are hash-partitioned), or a durable batch checked part by part; None when torn.
@@ -262,6 +270,12 @@ class CheckpointRecovery:
                 f"the batch log now starts at {datetime_of(first)}"
                 for s in self._graph.streams
                 if s.checkpoint_data.required and str(s.index) not in restored
+            ]
+            problems += [
+                f"stream #{s.index} ({type(s).__name__}) keeps its state in a store, but no "
+                f"commit in the batch log (it starts at {datetime_of(first)}) lists its version"
+                for s in self._graph.streams
+                if s.checkpoint_data.versioned and s.checkpoint_data.version_in_force is None
             ]
         if problems:
             raise CheckpointUnrecoverableError(

@@ -291,13 +291,16 @@ class DStreamGraph:
         return written
 
     def write_missing_parts(self) -> None:
-        """Run a job for the durable partitions the batch's outputs did not compute (an
-        output that took a few records), as Spark's checkpoint runs its own job."""
+        """Run a job for the durable partitions and state store versions the batch's outputs
+        did not compute (an output that took a few records), as Spark's checkpoint runs its
+        own job."""
         pending = [write for s in self.streams for write in s.checkpoint_data.unwritten()]
         for rdd, writer in pending:
-            missing = durable.missing_parts(writer.directory, writer.partitions)
+            missing = writer.missing()
             if missing:
                 rdd.context.runJob(rdd, _drain, missing)
+        for stream in self.streams:
+            stream.checkpoint_data.versions_written()
 
     def read_durably(self, sc: SparkContext, directory: str, partitions: int | None = None) -> RDD:
         """A durable batch read back, hash-partitioned as written: each task reads its own
@@ -338,6 +341,16 @@ class DStreamGraph:
     def _reread(self, written: RDD, directory: str) -> RDD:
         """The durable batch that `written` has just written whole, read from its parts."""
         return self.read_durably(written.context, directory, _partition_count(written))
+
+    def committed_versions(self, time_ms: int) -> dict[str, dict[str, Any]]:
+        """The state store versions the batch at `time_ms` wrote whole, for its commit marker
+        to list: {stream index: {time, token, snapshot}}; from now on each is in force."""
+        versions = {}
+        for stream in self.streams:
+            listing = stream.checkpoint_data.committed_version(time_ms)
+            if listing is not None:
+                versions[str(stream.index)] = listing
+        return versions
 
     def state_paths_in_force(self) -> set[str]:
         return {path for s in self.streams for _time, path in s.checkpoint_data.in_force}

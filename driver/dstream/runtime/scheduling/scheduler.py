@@ -502,6 +502,9 @@ class BatchScheduler:
         checkpoint = self._checkpoint
         fault_point("before-commit")
         commit: dict[str, Any] = {"state": info.state_checkpoints}
+        stores = self._graph.committed_versions(info.batch_time_ms)
+        if stores:
+            commit["stores"] = stores
         if outcome.status == "skipped":
             commit["error"] = _describe(outcome.error)
             commit["skipped"] = info.ranges

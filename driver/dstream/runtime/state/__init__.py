@@ -1,1 +1,2 @@
-"""Keyed state: how state RDDs are stored (in memory today; the state store comes here)."""
+"""Keyed state: how state RDDs are stored, and the state store (memory or RocksDB) with its
+changelog checkpoints."""

@@ -1,0 +1,5 @@
+import sys
+
+from bench.state.cost import main
+
+sys.exit(main())
