@@ -95,6 +95,12 @@ class InputDStream(DStream):
     def records_in(self, planned: Any) -> int:
         raise NotImplementedError
 
+    def held_back(self, planned: Any, max_records: int | None) -> bool:
+        """Whether the budget kept records that were available out of the range just planned
+        (a range as large as its budget counts). Backpressure learns only from such batches:
+        one that took everything available ran below the job's capacity."""
+        return max_records is not None and self.records_in(planned) >= max_records
+
     def record_ages(self, time_ms: int, planned: Any) -> Ages | None:
         """The ages at time_ms (when each record of the batch's range became available,
         dstream.runtime.control.latency) of the batch's records; None when the source cannot tell.
@@ -225,6 +231,7 @@ class FileInputDStream(InputDStream):
         self.directory = Path(directory)
         self.format = format
         self._seen: set[str] = set()
+        self._held_back = False  # whether the last plan left a file out for the budget
         self._bytes_per_record = bytes_per_record
         self._malformed = ssc.sparkContext.accumulator(0)
         if new_files_only:
@@ -271,11 +278,13 @@ class FileInputDStream(InputDStream):
         listing = self._listing()
         if listing:  # an empty listing may be a directory briefly missing, not one emptied
             self._seen.intersection_update(listing)
+        self._held_back = False
         for name in listing:
             if name in self._seen:
                 continue
             estimate = self._estimate(name)
             if chosen and max_records is not None and admitted + estimate > max_records:
+                self._held_back = True
                 break
             chosen.append(name)
             admitted += estimate
@@ -297,6 +306,11 @@ class FileInputDStream(InputDStream):
 
     def records_in(self, planned: Any) -> int:
         return int(planned.get("records", 0))
+
+    def held_back(self, planned: Any, max_records: int | None) -> bool:
+        """Whole files are admitted, so a range may stop short of its budget because the next
+        file would not fit (held back) or hold more than it (not: there was no next file)."""
+        return self._held_back
 
     def record_ages(self, time_ms: int, planned: Any) -> Ages | None:
         return latency.reported_ages(self._age_reports, time_ms)

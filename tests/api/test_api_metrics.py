@@ -90,8 +90,8 @@ def test_scrape_reads_rate_limit_pid_terms_backlog_and_recoveries(ssc, monkeypat
     assert value(metrics, "dstream_pending_batches") == 0
     for kind in RECOVERY_KINDS:
         assert value(metrics, "dstream_recoveries_total", kind=kind) == 0
-    controller.update(10_000, 1000, 1000, 0)
-    controller.update(11_000, 1500, 1000, 500)
+    controller.update(10_000, 1000, 1000, 0, limited=True)
+    controller.update(11_000, 1500, 1000, 500, limited=True)
     assert value(metrics, "dstream_pid_error", source="rate") == pytest.approx(-500)
     assert value(metrics, "dstream_pid_historical_error", source="rate") == pytest.approx(750)
     assert value(metrics, "dstream_pid_derivative_error", source="rate") == pytest.approx(-500)

@@ -12,7 +12,8 @@ written by then), so that a test can break the checkpoint between a batch's outp
 commit; with `recordMicros`, every record costs
 that much wall-clock time (slept, not spun), so that a test can overload the job at a rate whose
 reference is cheap to compute; with `readsLog`, every input partition computed notes which
-batch's job computed it (note_reads). None of them changes the output.
+batch's job computed it (note_reads). None of them changes the output. `counted` is the
+lightest job (each batch's count), whose first batches can be made slow as a cold driver's are.
 """
 
 from __future__ import annotations
@@ -83,6 +84,24 @@ def note_reads(directory: str) -> Any:
     return note
 
 
+_cold_batches_seen = 0  # batches of this driver process that passed cold_start
+
+
+def cold_start(batches: int, seconds: float) -> Any:
+    """The first `batches` batches of this process pause `seconds` on the driver: slow for no
+    fault of their records, by the same amount on any machine (a module global, not the
+    closure's state, so that a restarted driver is cold again)."""
+
+    def pause(rdd: Any) -> Any:
+        global _cold_batches_seen
+        _cold_batches_seen += 1
+        if _cold_batches_seen <= batches:
+            time.sleep(seconds)
+        return rdd
+
+    return pause
+
+
 def build(ssc: StreamingContext, lines: DStream, args: dict[str, Any]) -> DStream:
     if args.get("readsLog"):
         lines = lines.mapPartitions(note_reads(args["readsLog"]))
@@ -109,6 +128,14 @@ def build(ssc: StreamingContext, lines: DStream, args: dict[str, Any]) -> DStrea
     if args.get("outputSleepSeconds"):
         return united.mapPartitions(pass_then_pause(float(args["outputSleepSeconds"])))
     return united
+
+
+def counted(ssc: StreamingContext, lines: DStream, args: dict[str, Any]) -> DStream:
+    """Each batch's record count, the first batches slow if asked (cold_start): the lightest
+    job, whose batches cost little more than a batch's fixed cost."""
+    if args.get("coldBatches"):
+        lines = lines.transform(cold_start(int(args["coldBatches"]), float(args["coldSeconds"])))
+    return lines.count()
 
 
 def passthrough(ssc: StreamingContext, lines: DStream, args: dict[str, Any]) -> DStream:

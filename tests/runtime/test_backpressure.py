@@ -21,15 +21,17 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from dstream import StreamingContext
 from dstream.dstream import DStream
-from dstream.runtime.control.backpressure import PIDRateEstimator, RateController
+from dstream.runtime.control.backpressure import WARMUP_BATCHES, PIDRateEstimator, RateController
 from dstream.runtime.scheduling.clock import ManualClock
 from dstream.runtime.scheduling.scheduler import BatchInfo
 from dstream.sources import RateInputDStream
 from dstream.worker import textgen
+from running_driver import running_driver
 from streams import BATCH_TIMEOUT_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(900)]
@@ -106,11 +108,15 @@ class Capacity:
 
 
 @pytest.fixture(scope="module")
-def capacity(sc) -> Capacity:
+def batch_s(sc) -> float:
     """An interval at least 3x a near-empty batch's cost (a loaded machine gets a longer one,
-    else no rate would keep up and the test would measure the machine), then the cost model."""
-    fixed = typical_batch_s(sc, 1, 10)
-    batch_s = float(min(4, max(1, math.ceil(3 * fixed))))
+    else no rate would keep up and the test would measure the machine)."""
+    return float(min(4, max(1, math.ceil(3 * typical_batch_s(sc, 1, 10)))))
+
+
+@pytest.fixture(scope="module")
+def capacity(sc, batch_s) -> Capacity:
+    """The cost model of the test program at the module's interval."""
     big = 2000 * round(batch_s)
     fixed = typical_batch_s(sc, batch_s, 10)
     per_record = (typical_batch_s(sc, batch_s, big) - fixed) / big
@@ -303,3 +309,65 @@ def test_reference_lines_are_the_rate_sources_own(sc):
     planned = source.plan(1000, None)
     produced = source._read(1000, planned).collect()
     assert Counter(produced) == Counter(rate_lines([end for _start, end in planned]))
+
+
+# -- a cold start, in a driver process of its own ------------------------------------------------
+
+OFFERED = 20_000  # records/s; counting them costs the job little beside a batch's fixed cost
+INITIAL_RATE = OFFERED // 2  # below the offered rate, as the tutorial's 20,000/s for 50,000/s
+COLD_BATCHES, COLD_INTERVALS = (
+    2,
+    2.5,
+)  # the first two batches 2.5 intervals slow, whatever they hold
+DRAINED_WITHIN = 20  # batches: the warm-up, a few doublings, then a drain at several times OFFERED
+
+
+def batch_limit(batch: dict[str, Any]) -> float:
+    return next(iter(batch["rateLimit"].values()))
+
+
+def was_limited(batch: dict[str, Any], batch_s: float) -> bool:
+    """Whether the batch admitted its whole budget (the rate source then held records back)."""
+    return batch["records"] >= int(batch_limit(batch) * batch_s)
+
+
+def cold_timeline(batches: list[dict[str, Any]]) -> str:
+    return "\n".join(
+        f"  limit {batch_limit(b):>8,.0f}/s  records {b['records']:>7,}  processing "
+        f"{b['processingSeconds']:5.2f} s  delay {b['schedulingDelaySeconds']:5.2f} s  "
+        f"coalesced {b['coalescedBatches']}"
+        for b in batches
+    )
+
+
+def test_a_cold_start_keeps_its_rate_limit_and_drains_the_backlog(tmp_path, batch_s):
+    """The tutorial's situation in a fresh driver (cold JVM and workers): an initialRate below
+    the offered rate, so a backlog builds from the start, and first batches that are slow for
+    their start-up, not their records (here by construction, faultapp's cold_start, so that the
+    test does not depend on how cold this machine is). Spark's law reads the second batch as
+    the job's capacity and cuts the limit to a fifth; the job must keep its limit, raise it past
+    the offered rate once warm, and drain the backlog within a bounded number of batches."""
+    spec = {
+        "batchInterval": f"{round(batch_s * 1000)}ms",
+        "app": {
+            "module": "faultapp:counted",
+            "args": {"coldBatches": COLD_BATCHES, "coldSeconds": COLD_INTERVALS * batch_s},
+        },
+        "source": {"type": "rate", "rate": {"recordsPerSecond": OFFERED, "partitions": 2}},
+        "sink": {"type": "console", "console": {"num": 1}},
+        "backpressure": {"enabled": True, "initialRate": INITIAL_RATE},
+    }
+    with running_driver(tmp_path, "cold", spec) as driver:
+
+        def until_drained() -> list[dict[str, Any]] | None:
+            batches = driver.get("/v1/batches", params={"limit": 1000}).json()["batches"][::-1]
+            drained = [b for b in batches if not was_limited(b, batch_s)]
+            return batches if drained or len(batches) >= DRAINED_WITHIN else None
+
+        batches = driver.wait_for("the backlog to drain", until_drained, 300 + 40 * batch_s)
+    timeline = f"interval {batch_s} s:\n{cold_timeline(batches)}"
+    assert min(batch_limit(b) for b in batches) >= INITIAL_RATE, timeline
+    passed = next((i for i, b in enumerate(batches) if batch_limit(b) > OFFERED), len(batches))
+    assert passed <= WARMUP_BATCHES + 3, timeline
+    drained = next((i for i, b in enumerate(batches) if not was_limited(b, batch_s)), None)
+    assert drained is not None and drained < DRAINED_WITHIN, timeline

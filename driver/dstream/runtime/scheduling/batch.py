@@ -26,6 +26,8 @@ class BatchInfo:
     error: str | None = None
     coalesced: list[int] = field(default_factory=list)  # earlier due times merged into this one
     ranges: dict[str, Any] = field(default_factory=dict)  # each source's recorded input range
+    # sources whose budget held back available records (backpressure learns from those only)
+    limited: dict[str, bool] = field(default_factory=dict)
     retries: int = 0  # record, outputs or commit run again after failing (failure.py)
     skipped: bool = False  # failed for good, committed as skipped (failurePolicy onExhausted)
     state_checkpoints: dict[str, Any] = field(default_factory=dict)

@@ -291,13 +291,14 @@ class BatchScheduler:
         time_ms, coalesced = times[-1], times[:-1]
         now = self.clock.now_ms()
         self._graph.coalesce(coalesced)
-        ranges, records, limits = {}, {}, {}
+        ranges, records, limits, limited = {}, {}, {}, {}
         for source in self._graph.inputs:
             controller = self.rate_controllers.get(source.name)
             budget = controller.max_records() if controller else None
             ranges[source.name] = source.plan(time_ms, budget)
             records[source.name] = source.records_in(ranges[source.name])
             limits[source.name] = controller.rate_limit if controller else None
+            limited[source.name] = source.held_back(ranges[source.name], budget)
         record: dict[str, Any] | None = None
         if self._checkpoint is not None:
             record = {
@@ -316,6 +317,7 @@ class BatchScheduler:
             kind="catch-up" if late else "live",
             coalesced=coalesced,
             ranges=ranges,
+            limited=limited,
             record=record,
         )
         self._notify("onBatchSubmitted", info)
@@ -482,12 +484,15 @@ class BatchScheduler:
         self._report_error(error)
 
     def _update_rates(self, info: BatchInfo) -> None:
+        """Each controller learns from the batch; a replayed batch counts as not limited (its
+        range was planned by an earlier driver, under that driver's limit)."""
         for source_name, controller in self.rate_controllers.items():
             controller.update(
                 info.processing_end_ms or 0,
                 info.records.get(source_name, 0),
                 info.processingDelay() or 0,
                 info.schedulingDelay() or 0,
+                limited=info.limited.get(source_name, False),
             )
 
     def _commit(
