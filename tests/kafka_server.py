@@ -22,6 +22,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+from conditions import eventually
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
@@ -33,7 +34,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
-from servers import Server, accepts_connections, free_port, wait_for
+from servers import Server, accepts_connections, free_port
 
 INSTALLER = Path(__file__).resolve().parents[1] / ".ci" / "install-kafka"
 SASL_USER, SASL_PASSWORD = "alice", "alice-secret"
@@ -277,10 +278,10 @@ def wait_until_stable(bootstrap: str, topic: str, timeout_s: float = 30) -> None
         futures = admin.list_offsets(wanted, isolation_level=level)
         return {tp.partition: future.result(30).offset for tp, future in futures.items()}
 
-    wait_for(
+    eventually(
         lambda: ends(IsolationLevel.READ_COMMITTED) == ends(IsolationLevel.READ_UNCOMMITTED),
         timeout_s,
-        f"the last stable offsets of {topic} reaching its end",
+        message=f"the last stable offsets of {topic} reaching its end",
     )
 
 

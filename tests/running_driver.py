@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import yaml
+from conditions import eventually
 from servers import free_port
 
 # The test apps' modules (faultapp), importable by every driver and its Python workers.
@@ -218,24 +219,24 @@ class Driver:
         return httpx.post(self.url + path, timeout=60, **kwargs)
 
     def wait_for(self, what: str, condition: Any, timeout_s: float) -> Any:
-        """Poll `condition()` until it returns something truthy; fail with the driver's log."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        """`eventually` with the driver's log in its error, which comes at once if the driver
+        exits first; an API that does not answer yet counts as not yet."""
+
+        def while_alive() -> Any:
             if not self.alive():
                 assert self.process is not None
                 raise AssertionError(
                     f"driver exited ({self.process.returncode}) before {what}:\n"
                     + self.output()[-5000:]
                 )
-            try:
-                result = condition()
-            except httpx.TransportError:
-                result = None
-            if result:
-                return result
-            time.sleep(0.5)
-        raise AssertionError(
-            f"timed out after {timeout_s} s waiting for {what}:\n" + self.output()[-5000:]
+            return condition()
+
+        return eventually(
+            while_alive,
+            timeout_s,
+            interval=0.5,
+            message=lambda: f"{what}:\n" + self.output()[-5000:],
+            ignoring=httpx.TransportError,
         )
 
     def wait_for_batches(self, count: int, timeout_s: float = 180) -> list[dict[str, Any]]:

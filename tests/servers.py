@@ -11,10 +11,9 @@ import os
 import random
 import socket
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
+from conditions import eventually
 from debian_packages import require_binary
 
 # The tests' servers listen from FIRST_PORT up to Kubernetes' NodePort range (30000) or the
@@ -51,14 +50,6 @@ def free_port() -> int:
     )
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} within {timeout_s} s")
-        time.sleep(0.05)
-
-
 def accepts_connections(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -85,12 +76,14 @@ class Server:
     def start(self, timeout_s: float = 20) -> None:
         log = open(self.directory / "server.log", "ab")  # noqa: SIM115 (the process keeps it)
         self.process = subprocess.Popen(self.command(), stdout=log, stderr=log)
-        try:
-            wait_for(self.ready, timeout_s, f"{self.command()[0]} did not serve on {self.port}")
-        except TimeoutError as late:
-            raise TimeoutError(
-                f"{late}; exit code {self.process.poll()}, {self.log_tail()}"
-            ) from None
+        eventually(
+            self.ready,
+            timeout_s,
+            message=lambda: (
+                f"{self.command()[0]} serving on {self.port}; exit code"
+                f" {self.process and self.process.poll()}, {self.log_tail()}"
+            ),
+        )
 
     def log_tail(self, lines: int = 20) -> str:
         """The end of the server's log, for an error that says why it did not come up."""

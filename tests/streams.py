@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
+from conditions import eventually
 from dstream import StreamingContext
 from dstream.runtime.control.failure import BatchFailedError
 from dstream.runtime.scheduling.clock import ManualClock
@@ -61,15 +61,17 @@ def run_op(
 def final_failure(ssc: StreamingContext, timeout_s: float = 60) -> BatchFailedError:
     """The BatchFailedError that ended the run. awaitTermination raises each failed attempt
     first (the run outlives those); they are passed over here."""
-    deadline = time.monotonic() + timeout_s
-    while (remaining := deadline - time.monotonic()) > 0:
+
+    def failed() -> BatchFailedError | None:
         try:
-            ssc.awaitTerminationOrTimeout(remaining)
-        except BatchFailedError as failed:
-            return failed
-        except Exception:
-            continue
-    raise AssertionError(f"no BatchFailedError within {timeout_s} s")
+            ssc.awaitTerminationOrTimeout(1)
+        except BatchFailedError as failure:
+            return failure
+        except Exception:  # an attempt's failure
+            pass
+        return None
+
+    return eventually(failed, timeout_s, interval=0, message="a BatchFailedError")
 
 
 def assert_stamped_between(source, records: int, before_ms: int, after_ms: int) -> None:

@@ -8,6 +8,7 @@ TOOLS = {
     "triggers": "triggers",  # where a Structured Streaming trigger's time goes
     "stages": "stages",  # Spark stages and tasks per batch of the stateful operators
     "redis-source": "redis_source",  # the Redis Streams source against the rate source
+    "query-pool": "query_pool",  # the batches beside a heavy interactive query
     "worker": "worker",  # one system's trials, driven by `python -m bench` (internal)
 }
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from conditions import eventually
 from dstream.runtime.checkpoint.recovery import RECOVERY_KINDS
 from dstream.runtime.control.backpressure import PIDRateEstimator, RateController
 from dstream.runtime.scheduling.batch import BatchEvent, BatchInfo
@@ -107,10 +106,12 @@ def test_state_keys_are_sampled_from_the_newest_rdd_of_query_streams(ssc, tmp_pa
     metrics = StreamingMetrics(JOB, ssc, state_keys_interval_s=0)
     ssc.addStreamingListener(metrics)
     run_batches(ssc, 3)
-    deadline = time.monotonic() + 60
-    while value(metrics, "dstream_state_keys", stream="totals") != 3:
-        assert time.monotonic() < deadline, metrics.state_keys.counts
-        time.sleep(0.1)
+    eventually(
+        lambda: value(metrics, "dstream_state_keys", stream="totals") == 3,
+        60,
+        interval=0.1,
+        message=lambda: f"3 state keys (counted: {metrics.state_keys.counts})",
+    )
     metrics.close()
 
 

@@ -37,10 +37,11 @@ import psycopg
 import pytest
 import redis
 import yaml
+from conditions import eventually
 from confluent_kafka import KafkaException
 from confluent_kafka import Producer as KafkaProducer
 from dstream.spec import password_env
-from fault.harness import executor_pids, wait_until
+from fault.harness import executor_pids
 from kafka_server import read_all
 from postgres_server import SECRET_PASSWORD, SECRET_ROLE, PostgresServer, running_postgres
 from running_driver import Driver
@@ -175,14 +176,21 @@ def run_with_kills(
         restart_broker()  # while this driver reads: retried, nothing lost
         wait_for_batches(driver, 2)
         if kill_an_executor:
-            [executor] = wait_until(lambda: executor_pids(driver.pid), START_TIMEOUT_S)
+            [executor] = eventually(lambda: executor_pids(driver.pid), START_TIMEOUT_S)
             os.kill(executor, signal.SIGKILL)  # its tasks run again on a new executor
             wait_for_batches(driver, 2)
         reference = expected(producer.finish())
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S  # then the comparison says what is lost
-        while sum(output().values()) < sum(reference.values()) and time.monotonic() < deadline:
+
+        def drained() -> bool:
             assert driver.alive(), f"driver exited; see {log}"
-            time.sleep(0.5)
+            return sum(output().values()) >= sum(reference.values())
+
+        eventually(
+            drained,
+            DRAIN_TIMEOUT_S,
+            interval=0.5,
+            message=lambda: f"every record in the output (missing: {reference - output()})",
+        )
     finally:
         if driver.alive():
             driver.terminate(60)

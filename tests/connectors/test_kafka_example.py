@@ -9,11 +9,11 @@ file unchanged (e2e/chaos/kafka.py)."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from pathlib import Path
 
 import yaml
+from conditions import eventually
 from kafka_server import produce, word_totals
 from running_driver import Driver
 
@@ -47,14 +47,20 @@ def test_the_kafka_wordcount_example_runs_with_dstream_run(kafka_server, tmp_pat
     reference = Counter(word for line in LINES for word in line.split())
     checkpoint = tmp_path / "checkpoint"
     driver = Driver(manifest, "--checkpoint", str(checkpoint), log=tmp_path / "driver.log")
+
+    def every_word() -> tuple[Counter[str], set[str]] | None:
+        assert driver.alive(), f"dstream run exited:\n{driver.output()}"
+        found, epochs = word_totals(kafka_server.bootstrap, sink_topic)
+        return (found, epochs) if found.total() >= reference.total() else None
+
     driver.start()
     try:
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        found, epochs = word_totals(kafka_server.bootstrap, sink_topic)
-        while found.total() < reference.total() and time.monotonic() < deadline:
-            assert driver.alive(), f"dstream run exited:\n{driver.output()}"
-            time.sleep(0.5)  # polling the output until it holds every word, or the deadline
-            found, epochs = word_totals(kafka_server.bootstrap, sink_topic)
+        found, epochs = eventually(
+            every_word,
+            DRAIN_TIMEOUT_S,
+            interval=0.5,
+            message=f"all {reference.total()} words in the sink",
+        )
     finally:
         if driver.alive():
             assert driver.terminate(60) == 0

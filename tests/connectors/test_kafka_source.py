@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conditions import eventually
 from dstream import StreamingContext
 from dstream.connectors.kafka_source import KafkaInputDStream
 from dstream.runtime.scheduling.clock import ManualClock
@@ -424,7 +425,6 @@ def test_a_streaming_context_reads_every_record_once_reports_lag_and_commits_the
 def assert_group_committed(kafka_server, group: str, topic: str, total: int) -> None:
     """The group's committed offsets (what lag tools read) add up to what the job read."""
     from confluent_kafka import Consumer, TopicPartition
-    from servers import wait_for
 
     consumer = Consumer({"bootstrap.servers": kafka_server.bootstrap, "group.id": group})
     partitions = [TopicPartition(topic, p) for p in range(3)]
@@ -433,7 +433,9 @@ def assert_group_committed(kafka_server, group: str, topic: str, total: int) -> 
         return sum(max(0, tp.offset) for tp in consumer.committed(partitions, timeout=10))
 
     try:
-        wait_for(lambda: committed() == total, 30, f"group {group} committed {total} offsets")
+        eventually(
+            lambda: committed() == total, 30, message=f"group {group} committed {total} offsets"
+        )
     finally:
         consumer.close()
 
@@ -450,9 +452,9 @@ def test_a_deleted_topic_stops_the_job_or_with_a_pattern_and_skip_is_dropped(ssc
         source.plan(1000, None)
     admin = kafka_server.admin()
     admin.delete_topics([f"{prefix}.a"])[f"{prefix}.a"].result(30)
-    from servers import wait_for
-
-    wait_for(lambda: f"{prefix}.a" not in admin.list_topics(timeout=10).topics, 30, "deleted")
+    eventually(
+        lambda: f"{prefix}.a" not in admin.list_topics(timeout=10).topics, 30, message="deleted"
+    )
     with pytest.raises(SourceError, match=rf"topic '{prefix}\.a' was deleted"):
         listed.plan(2000, None)
     with pytest.raises(SourceError, match=rf"{prefix}\.a-0 .* is gone: topic {prefix}\.a was"):

@@ -10,13 +10,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from conditions import eventually
 from dstream.connectors.postgres import COMMIT_TABLE, PostgresSink, TableMismatchError
 from dstream.runtime.control.failure import FailurePolicy
 from dstream.service.job import build_context
 from dstream.spec import PostgresSink as PostgresSettings
 from dstream.spec import StreamingJob, parse_job, password_env
 from postgres_server import SECRET_PASSWORD, SECRET_ROLE, PostgresServer, running_postgres
-from servers import wait_for
 from streams import final_failure, manual_context, run_batches
 
 JOB = "pgtest"
@@ -272,7 +272,7 @@ def test_a_server_down_for_seconds_is_ridden_out_by_retries(sc, postgres, table)
     postgres.stop()
     try:
         ssc._clock.advance(1000)
-        wait_for(lambda: retried(ssc), 60, "batch 1 retried")
+        eventually(lambda: retried(ssc), 60, message="batch 1 retried")
     finally:
         postgres.start()
     ssc._clock.advance(1000)

@@ -15,9 +15,8 @@ import os
 import random
 import subprocess
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any, Self
 
 import pytest
 import yaml
+from conditions import eventually
 from dstream.worker import textgen
 
 
@@ -403,17 +403,7 @@ class InProcessJob:
             info = ssc._scheduler.current
             return info if info is not None and info.retries >= 1 else None
 
-        return wait_until(retried, timeout_s)
-
-
-def wait_until(condition: Callable[[], Any], timeout_s: float) -> Any:
-    """Poll `condition` until it is truthy (its value is returned); TimeoutError after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"condition not reached within {timeout_s} s")
-        time.sleep(0.05)
-    return value
+        return eventually(retried, timeout_s)
 
 
 def fault_seed() -> int:
@@ -474,7 +464,7 @@ def bind_mount(source: Path, path: Path) -> Iterator[Path]:
 def remount(path: Path, mode: str) -> None:
     """Make the tmpfs at `path` read-only ("ro") or writable again ("rw"). The kernel refuses
     read-only while a file there is open for writing, so that is tried until none is."""
-    wait_until(lambda: _mount("-o", f"remount,{mode}", str(path)).returncode == 0, 30)
+    eventually(lambda: _mount("-o", f"remount,{mode}", str(path)).returncode == 0, 30)
 
 
 def _mount(*args: str) -> subprocess.CompletedProcess[str]:

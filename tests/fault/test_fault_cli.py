@@ -13,7 +13,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from fault.harness import InProcessJob, RateJob, verify, wait_until, zero_ms
+from conditions import eventually
+from fault.harness import InProcessJob, RateJob, verify, zero_ms
 from running_driver import Driver
 
 TIMEOUT_S = 240
@@ -56,7 +57,7 @@ def test_mismatched_checkpoint_exit_3_then_fresh_run_stops_gracefully(sc, tmp_pa
     fresh = Driver(program_b.manifest, "--fresh", log=tmp_path / "fresh.log").start()
     try:
         fresh.wait_for_line(lambda text: text.startswith("batch "), TIMEOUT_S)
-        wait_until(lambda: running_batch(program_b), TIMEOUT_S)
+        eventually(lambda: running_batch(program_b), TIMEOUT_S)
         running_ms = running_batch(program_b)
         code = fresh.terminate(timeout_s=120, whole_group=True)
     finally:
@@ -72,7 +73,7 @@ def test_mismatched_checkpoint_exit_3_then_fresh_run_stops_gracefully(sc, tmp_pa
     stopped_at = newest_commit(program_b)
     again = Driver(program_b.manifest, log=tmp_path / "again.log").start()
     try:
-        wait_until(lambda: newest_commit(program_b) > stopped_at + 2000, TIMEOUT_S)
+        eventually(lambda: newest_commit(program_b) > stopped_at + 2000, TIMEOUT_S)
         assert again.terminate(timeout_s=120, whole_group=True) == 0
     finally:
         again.kill()
@@ -104,7 +105,7 @@ def test_a_batch_failing_for_good_exits_5_uncommitted_and_runs_again_after_a_res
     job.out.unlink()
     again = Driver(job.manifest, log=tmp_path / "again.log").start()
     try:
-        wait_until(lambda: (newest_commit(job) or 0) >= failed_ms + 4000, TIMEOUT_S)
+        eventually(lambda: (newest_commit(job) or 0) >= failed_ms + 4000, TIMEOUT_S)
         assert again.terminate(timeout_s=120, whole_group=True) == 0
     finally:
         again.kill()

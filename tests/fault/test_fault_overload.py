@@ -18,8 +18,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conditions import eventually
 from dstream.runtime.checkpoint.directory import CheckpointDir
-from fault.harness import RateJob, batch_dirs, read_batch, wait_until, word_counts
+from fault.harness import RateJob, batch_dirs, read_batch, word_counts
 from running_driver import Driver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -59,14 +60,14 @@ def test_sigkill_during_overload_loses_and_repeats_nothing(tmp_path: Path):
     job.write()
     first = Driver(job.manifest, log=tmp_path / "first.log").start()
     try:
-        wait_until(lambda: len(committed(job)) >= BEFORE_KILL, TIMEOUT_S)
+        eventually(lambda: len(committed(job)) >= BEFORE_KILL, TIMEOUT_S)
     finally:
         first.kill()
     killed_at = max(committed(job))
 
     again = Driver(job.manifest, log=tmp_path / "again.log").start()
     try:
-        wait_until(
+        eventually(
             lambda: len([t for t in committed(job) if t > killed_at]) >= AFTER_RESTART, TIMEOUT_S
         )
         assert again.terminate(timeout_s=120, whole_group=True) == 0

@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conditions import eventually
 from dstream import StreamingContext
 from dstream.runtime.checkpoint.directory import CheckpointDir
 from dstream.runtime.leadership.shadow import Shadow
@@ -43,7 +44,6 @@ from fault.harness import (
     fault_seed,
     truncate_at_random_byte,
     verify,
-    wait_until,
 )
 from fault.test_fault_checkpoint import assert_exact
 from running_driver import Driver
@@ -174,9 +174,9 @@ def test_a_leader_stopped_mid_batch_hands_the_lead_to_its_standby_at_once(tmp_pa
         leader.wait_for_line(is_batch, STEP_TIMEOUT_S)
         drivers.append(standby_of(job))
         logged = batch_records(job)
-        started = wait_until(lambda: batch_records(job) - logged, STEP_TIMEOUT_S)
+        started = eventually(lambda: batch_records(job) - logged, STEP_TIMEOUT_S)
         assert leader.terminate(timeout_s=STEP_TIMEOUT_S) == 0
-        wait_until(lambda: started <= commits_by_epoch(job).keys(), STEP_TIMEOUT_S)
+        eventually(lambda: started <= commits_by_epoch(job).keys(), STEP_TIMEOUT_S)
         epochs = commits_by_epoch(job)
         assert {epochs[t] for t in started} == {2}, (started, epochs)
         settle(drivers[1])
@@ -218,7 +218,7 @@ OWN_PID_NAMESPACE = ("unshare", "--pid", "--fork", "--kill-child")
 def namespace_init(launcher_pid: int) -> int:
     """The process `unshare --fork` started: PID 1 of its namespace, by its PID out here."""
     children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children")
-    return int(wait_until(lambda: children.read_text().split(), STEP_TIMEOUT_S)[0])
+    return int(eventually(lambda: children.read_text().split(), STEP_TIMEOUT_S)[0])
 
 
 def batch_records(job: RateJob) -> set[int]:
@@ -235,7 +235,7 @@ def standby_of(job: RateJob, launcher: tuple[str, ...] = ()) -> Driver:
     port = free_port()
     standby = start(job, "--standby", "--port", str(port), launcher=launcher)
     standby.wait_for_line(warm, STEP_TIMEOUT_S)
-    status = wait_until(lambda: status_of(port), 60)
+    status = eventually(lambda: status_of(port), 60)
     assert (status["state"], status["epoch"]) == ("standby", None), status
     return standby
 
@@ -314,11 +314,11 @@ class InProcessStandby:
             leadership = scheduler.leadership if scheduler is not None else None
             return leadership.shadow if leadership is not None else None
 
-        return wait_until(started, STEP_TIMEOUT_S)
+        return eventually(started, STEP_TIMEOUT_S)
 
     def wait_until_shadowed(self, time_ms: int) -> None:
         shadow = self.shadow
-        wait_until(lambda: shadow.failure or (shadow.stepped_ms or 0) >= time_ms, STEP_TIMEOUT_S)
+        eventually(lambda: shadow.failure or (shadow.stepped_ms or 0) >= time_ms, STEP_TIMEOUT_S)
         assert shadow.failure is None, shadow.failure
 
     def leads(self) -> StreamingContext:
@@ -364,7 +364,7 @@ def test_a_standby_whose_shadow_failed_restores_state_from_the_checkpoint(job, c
     assert torn_time == job.now_ms
     truncate_at_random_byte(Path(torn_path.removeprefix("file:")) / "part-00000", fault_rng())
     standby = InProcessStandby(job)
-    wait_until(lambda: standby.shadow.failure, STEP_TIMEOUT_S)
+    eventually(lambda: standby.shadow.failure, STEP_TIMEOUT_S)
     leader.stop(stopSparkContext=False)
     ssc = standby.leads()
     assert "taking over without the shadowed state" in caplog.text
@@ -388,7 +388,7 @@ def test_a_standby_whose_shadow_fell_behind_restores_state_from_the_checkpoint(
     standby = InProcessStandby(job)
     standby.wait_until_shadowed(job.now_ms)
     shadow = standby.shadow
-    wait_until(hold_still(shadow, monkeypatch).is_set, STEP_TIMEOUT_S)
+    eventually(hold_still(shadow, monkeypatch).is_set, STEP_TIMEOUT_S)
     shadowed_ms = shadow.stepped_ms
     kept = [p for s in standby.ssc._graph.streams for _t, p in s.checkpoint_data.in_force]
     run_until_pruned(job, leader, kept)
@@ -460,7 +460,7 @@ def test_a_standby_is_warm_only_once_its_shadow_holds_the_leaders_newest_commit(
     monkeypatch.setattr(Shadow, "_start", start_then_lead_on)
     standby = InProcessStandby(job)
     shadow = standby.shadow
-    wait_until(lambda: warm(caplog.text), STEP_TIMEOUT_S)
+    eventually(lambda: warm(caplog.text), STEP_TIMEOUT_S)
     assert started.is_set()
     assert shadow.failure is None, shadow.failure
     assert shadow.stepped_ms == job.now_ms  # the batch committed during its start, too

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conditions import eventually
 from fault.harness import (
     InProcessJob,
     RateJob,
@@ -23,7 +24,6 @@ from fault.harness import (
     remount,
     tmpfs,
     verify,
-    wait_until,
 )
 from running_driver import Driver
 from streams import final_failure
@@ -98,7 +98,7 @@ def test_a_checkpoint_read_only_past_the_retries_leaves_the_batch_uncommitted_fo
         written = durable_parts(job)
         per_batch = len(written) // len({part.parent for part in written})
         time_ms = job.advance(ssc)
-        wait_until(lambda: len(durable_parts(job) - written) == per_batch, 60)
+        eventually(lambda: len(durable_parts(job) - written) == per_batch, 60)
         remount(job.job.checkpoint, "ro")
         failed = final_failure(ssc)
         ssc.stop(stopSparkContext=False)

@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+from conditions import eventually
 from dstream.runtime.checkpoint.directory import CheckpointDir, LogConflictError
 from dstream.runtime.checkpoint.files import write_document
 from dstream.runtime.leadership.fencing import (
@@ -21,7 +22,6 @@ from dstream.runtime.leadership.fencing import (
 )
 from dstream.runtime.leadership.leader import move_aside_keeping_epoch
 from dstream.runtime.leadership.lease import CheckpointInUseError, CheckpointLease, LeadLostError
-from fault.harness import wait_until
 
 
 def test_epochs_rise_and_each_is_claimed_once(tmp_path):
@@ -118,11 +118,11 @@ def test_a_frozen_leader_loses_its_lease_and_wakes_up_deposed(tmp_path):
         frozen.fence.check()
     deposed: list[DeposedError] = []
     frozen.start_renewing(deposed.append)
-    wait_until(lambda: deposed, 10)
+    eventually(lambda: deposed, 10)
     standby_deposed: list[DeposedError] = []
     standby.start_renewing(standby_deposed.append)
     frozen.release()
-    wait_until(lambda: standby._lock_fd is not None, 10)  # its renewals took the lock
+    eventually(lambda: standby._lock_fd is not None, 10)  # its renewals took the lock
     third = CheckpointLease(tmp_path, 30, NextEpoch())
     with pytest.raises(CheckpointInUseError):
         third.acquire(wait=False)  # the new leader renews its lease and holds the lock
@@ -181,7 +181,7 @@ def test_an_election_replaces_the_lock_and_its_loss_deposes_the_leader(tmp_path)
     deposed: list[DeposedError] = []
     leader.start_renewing(deposed.append)
     ballot.holder = "b"  # the Lease went to b: a's renewals see it
-    (error,) = wait_until(lambda: deposed, 10)
+    (error,) = eventually(lambda: deposed, 10)
     assert isinstance(error, LeadLostError)
     assert "deposed: held by b" in str(error) and "at epoch 1" in str(error)
     leader.release()

@@ -72,6 +72,7 @@ from typing import Any, Self
 import psycopg
 import pytest
 import redis
+from conditions import eventually
 from confluent_kafka import Producer as KafkaProducer
 from dstream.connectors.kafka_sink import BATCH_TIME_HEADER
 from dstream.runtime.scheduling.timeline import PHASES
@@ -87,7 +88,6 @@ from fault.harness import (
     fault_seed,
     judge,
     read_batch,
-    wait_until,
 )
 from kafka_server import KafkaServer, read_all, read_range
 from postgres_server import PostgresServer, running_postgres
@@ -266,7 +266,7 @@ class Feed:
         slow batch's write could otherwise come after a short outage, which then proves nothing."""
         with self.sink_down():
             time.sleep(seconds)  # the outage itself, not a wait for a condition
-            wait_until(failed, STEP_TIMEOUT_S)
+            eventually(failed, STEP_TIMEOUT_S)
 
     def admitted(self, ranges: dict[str, Any]) -> list[Record]:
         """The records of a batch's recorded ranges, read back from the input."""
@@ -620,7 +620,7 @@ def kill_executors(driver: Driver, job: FeedJob, run: Run, rng: random.Random, t
             f"SOAK_MASTER={MASTER} has no executor JVMs to kill: set SOAK_EXECUTOR_KILLS=0"
         )
     for _ in range(run.executor_kills):
-        executors = wait_until(lambda: executor_pids(driver.pid), STEP_TIMEOUT_S)
+        executors = eventually(lambda: executor_pids(driver.pid), STEP_TIMEOUT_S)
         time.sleep(rng.uniform(0, job.batch_s))  # somewhere inside a batch
         os.kill(rng.choice(sorted(executors)), signal.SIGKILL)
         killed_at = time.monotonic()
@@ -711,7 +711,7 @@ def last_run(driver: Driver, job: FeedJob, batch_log: BatchLogWatch, tally: Tall
         written = job.feed.producer.stop()
         admitted: dict[int, list[Record]] = {}
         everything = len(written)
-        wait_until(
+        eventually(
             lambda: read_admitted(job.feed, batch_log, admitted) >= everything, STEP_TIMEOUT_S
         )
         assert driver.terminate(timeout_s=120) == 0

@@ -15,12 +15,12 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
 import yaml
+from conditions import eventually
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
@@ -79,11 +79,12 @@ class LocalCluster:
             if document:
                 _create_or_replace_crd(ext, document)
                 names.append(document["metadata"]["name"])
-        deadline = time.monotonic() + timeout_seconds
-        while not all(_established(ext, name) for name in names):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"CRDs not Established: {names}")
-            time.sleep(0.25)
+        eventually(
+            lambda: all(_established(ext, name) for name in names),
+            timeout_seconds,
+            interval=0.25,
+            message=f"CRDs Established: {names}",
+        )
         return names
 
 

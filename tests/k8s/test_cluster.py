@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import time
 import uuid
+from typing import Any
 
 import pytest
+from conditions import eventually
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
@@ -119,14 +120,16 @@ def _wait_established(ext: client.ApiextensionsV1Api, name: str) -> None:
 def _create_when_served(custom, namespace, plural, body):
     """Established precedes the new resource showing up in the API's handlers by a moment:
     retry a 404 until a deadline."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while True:
+
+    def created() -> Any:
         try:
             return custom.create_namespaced_custom_object(CRD_GROUP, "v1", namespace, plural, body)
         except ApiException as e:
-            if e.status != 404 or time.monotonic() > deadline:
+            if e.status != 404:
                 raise
-            time.sleep(0.5)
+            return None
+
+    return eventually(created, WAIT_SECONDS, interval=0.5, message=f"{plural} served")
 
 
 def test_crd_with_structural_schema_is_served_and_validates(k8s_cluster, namespace):

@@ -15,8 +15,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from conditions import eventually
 from dstream.runtime.leadership.kube_lease import KubeLease
-from fault.harness import RateJob, verify, wait_until
+from fault.harness import RateJob, verify
 from fault.test_fault_standby import Takeovers, commits_by_epoch, settle, warm
 from kubernetes import client
 from running_driver import Driver
@@ -58,7 +59,7 @@ def test_one_candidate_holds_the_lease_until_it_expires_or_is_released(
     assert a.renew() is None and not b.try_acquire()  # renewed: not expired for b
     assert "held by driver-a" in b.describe()
     waited_from = time.monotonic()
-    wait_until(b.try_acquire, 15)  # a stops renewing, as a killed driver does
+    eventually(b.try_acquire, 15)  # a stops renewing, as a killed driver does
     assert time.monotonic() - waited_from >= 2 - 0.5  # not before the Lease's duration
     assert a.renew() == "the Lease is held by driver-b"
     spec = holder(k8s_cluster, lease_namespace, "job-a")
@@ -81,7 +82,7 @@ def test_a_leader_cut_off_from_the_api_server_gives_up_before_another_may_take_o
     cut_off.host = f"https://127.0.0.1:{free_port()}"  # nothing listens there
     a.api = client.CoordinationV1Api(client.ApiClient(cut_off))
     assert a.renew() is None  # within the deadline: still leading
-    lost = wait_until(a.renew, 20)
+    lost = eventually(a.renew, 20)
     assert lost == "the Lease could not be renewed for 4.0s"
     b = candidate(k8s_cluster, lease_namespace, "job-b", "driver-b", duration_s=6)
     assert not b.try_acquire()  # the Lease has not expired yet for anyone else
@@ -105,7 +106,7 @@ def test_a_standby_driver_takes_over_through_the_lease_when_the_leader_is_killed
         for n in ("first", "second")
     ]
     try:
-        leader = wait_until(lambda: next((d for d in drivers if d.batch_lines()), None), 240)
+        leader = eventually(lambda: next((d for d in drivers if d.batch_lines()), None), 240)
         standby = drivers[1 - drivers.index(leader)]
         standby.wait_for_line(warm, STEP_TIMEOUT_S)
         spec = holder(k8s_cluster, lease_namespace, f"{JOB}-driver")

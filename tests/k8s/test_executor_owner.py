@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fault.harness import wait_until
+from conditions import eventually
 from kubernetes import client
 
 from tests.k8s.conftest import LocalCluster
@@ -126,7 +126,7 @@ def test_executor_pods_are_owned_by_the_driver_pod_without_a_readiness_wait(
     try:
         started = read_until_up(driver)
         assert not [line for line in started if READINESS_WAIT in line], "".join(started)
-        executor = wait_until(lambda: executor_pods(k8s_cluster, namespace), START_TIMEOUT_S)[0]
+        executor = eventually(lambda: executor_pods(k8s_cluster, namespace), START_TIMEOUT_S)[0]
         (reference,) = executor.metadata.owner_references
         assert (reference.kind, reference.name, reference.uid) == (
             "Pod",
@@ -137,7 +137,7 @@ def test_executor_pods_are_owned_by_the_driver_pod_without_a_readiness_wait(
         assert executor.metadata.labels.items() >= TEMPLATE_LABEL.items()
 
         k8s_cluster.core.delete_namespaced_pod(DRIVER, namespace, grace_period_seconds=0)
-        wait_until(
+        eventually(
             lambda: (
                 executor.metadata.name
                 not in {p.metadata.name for p in executor_pods(k8s_cluster, namespace)}

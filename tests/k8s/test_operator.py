@@ -50,6 +50,7 @@ from urllib.parse import parse_qs, urlsplit
 import helm_python as helm
 import pytest
 import yaml
+from conditions import eventually
 from dstream_operator.handlers import POD_SELECTOR
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -111,13 +112,18 @@ class OperatorProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + OPERATOR_START_SECONDS
-        while not self._live():
-            if self.process.poll() is not None:
-                raise RuntimeError(f"dstream-operator exited at start:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"dstream-operator not live in time:\n{self.log_tail()}")
-            time.sleep(POLL_SECONDS)
+
+        def live() -> bool:
+            assert self.process is not None
+            assert self.process.poll() is None, f"dstream-operator exited:\n{self.log_tail()}"
+            return self._live()
+
+        eventually(
+            live,
+            OPERATOR_START_SECONDS,
+            interval=POLL_SECONDS,
+            message=lambda: f"dstream-operator live:\n{self.log_tail()}",
+        )
 
     def stop(self) -> None:
         """SIGTERM, so that the operator releases its Lease (a killed operator's Lease holds
@@ -252,19 +258,13 @@ class Harness:
         return {e.reason for e in events if e.involved_object.kind == "StreamingJob"}
 
     def wait_for(self, what: str, condition: Callable[[], T], timeout: float = WAIT_SECONDS) -> T:
-        """Poll `condition` until it is truthy; fail saying what did not happen, with the
-        operator's log."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = condition()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"not within {timeout:.0f}s: {what}\n--- operator log ---\n"
-                    f"{self.operator.log_tail()}"
-                )
-            time.sleep(POLL_SECONDS)
+        """`eventually`, with the operator's log in its error."""
+        return eventually(
+            condition,
+            timeout,
+            interval=POLL_SECONDS,
+            message=lambda: f"{what}\n--- operator log ---\n{self.operator.log_tail()}",
+        )
 
     def holds_for(self, what: str, condition: Callable[[], bool], seconds: float) -> None:
         """Poll `condition` for `seconds`; fail the moment it is false (something that must
@@ -360,10 +360,12 @@ def render_chart(
 
 def _service_account_token(core: client.CoreV1Api, namespace: str, name: str) -> str:
     """Kubernetes 1.20 puts a ServiceAccount's token in a Secret it creates shortly after."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while not (secrets := core.read_namespaced_service_account(name, namespace).secrets):
-        assert time.monotonic() < deadline, f"no token for ServiceAccount {name}"
-        time.sleep(POLL_SECONDS)
+    secrets = eventually(
+        lambda: core.read_namespaced_service_account(name, namespace).secrets,
+        WAIT_SECONDS,
+        interval=POLL_SECONDS,
+        message=f"a token for ServiceAccount {name}",
+    )
     secret = core.read_namespaced_secret(secrets[0].name, namespace)
     return base64.b64decode(secret.data["token"]).decode()
 
@@ -508,11 +510,8 @@ def _see_running_while_ready(k8s: Harness, job: str) -> dict[str, Any]:
             for c in pod.status.conditions
         ]
         k8s.patch_pod_status(pod.metadata.name, {"conditions": conditions})
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline:
-            if status := k8s.phase_is(job, "Running")():
-                return status
-            time.sleep(POLL_SECONDS)
+        with contextlib.suppress(AssertionError):  # reverted first: patch it again
+            return eventually(k8s.phase_is(job, "Running"), 3, interval=POLL_SECONDS)
     pytest.fail(
         f"the operator never reported Running for a Ready driver\n{k8s.operator.log_tail()}"
     )

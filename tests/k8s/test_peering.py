@@ -8,12 +8,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conditions import eventually
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -45,13 +45,6 @@ def refused_start(kubeconfig: Path, *args: str) -> str:
     return done.stderr
 
 
-def wait_until(what: str, condition, timeout: float = WAIT_SECONDS) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout:.0f}s: {what}"
-        time.sleep(0.25)
-
-
 def acts_on_a_job(cluster: LocalCluster, namespace: str, operator: OperatorProcess) -> None:
     """The running operator gives a new job its children, and lets it be deleted."""
     custom = client.CustomObjectsApi(cluster.api_client)
@@ -74,12 +67,20 @@ def acts_on_a_job(cluster: LocalCluster, namespace: str, operator: OperatorProce
         return not [j for j in jobs if j["metadata"]["name"] == name]
 
     try:
-        wait_until(
-            f"the operator creates {name}'s ConfigMap\n{operator.log_tail()}", has_config_map
+        eventually(
+            has_config_map,
+            WAIT_SECONDS,
+            interval=0.25,
+            message=lambda: f"the operator creates {name}'s ConfigMap\n{operator.log_tail()}",
         )
     finally:
         custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-        wait_until(f"{name} deleted (the operator removes its finalizer)", job_gone)
+        eventually(
+            job_gone,
+            WAIT_SECONDS,
+            interval=0.25,
+            message=f"{name} deleted (the operator removes its finalizer)",
+        )
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,7 @@ def without_peering_crds(k8s_cluster: LocalCluster) -> Iterator[None]:
             return error.status == 404
         return False
 
-    wait_until("kopf.dev/v1 no longer served", not_served)
+    eventually(not_served, WAIT_SECONDS, interval=0.25, message="kopf.dev/v1 no longer served")
     try:
         yield
     finally:

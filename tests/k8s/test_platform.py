@@ -12,11 +12,11 @@ a job that has completed one batch) on a loopback address and gives the pod that
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import uvicorn
 import yaml
+from conditions import eventually
 from dstream_api.app import app_for
 from dstream_operator.resources import API_PORT, UI_PORT
 from kubernetes import client
@@ -360,11 +361,17 @@ class DriverApi:
 
     def __enter__(self) -> DriverApi:
         self.thread.start()
-        deadline = time.monotonic() + WAIT_SECONDS
-        while not self.server.started:
+
+        def started() -> bool:
             assert self.thread.is_alive(), f"the driver API could not listen on {self.host}"
-            assert time.monotonic() < deadline, f"the driver API not up on {self.host}"
-            time.sleep(POLL_SECONDS)
+            return self.server.started
+
+        eventually(
+            started,
+            WAIT_SECONDS,
+            interval=POLL_SECONDS,
+            message=f"the driver API up on {self.host}",
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -376,17 +383,19 @@ def commit_a_batch(k8s: Harness, job: str) -> dict[str, Any]:
     """Make the job's driver report a completed batch until the operator has recorded its spec
     as the stable one; returns that status. The hollow kubelet puts the pod's own IP back
     within seconds, so the pod is given the driver API's IP again until then."""
+
+    def stable_status() -> dict[str, Any] | None:
+        status = k8s.status(job)
+        return status if status.get("stableSpecHash") else None
+
     with DriverApi() as api:
         for _attempt in range(10):
             driver = k8s.driver(job)
             assert driver is not None, f"{job}: no driver pod"
             ip = {"podIP": api.host, "podIPs": [{"ip": api.host}]}
             k8s.patch_pod_status(driver.metadata.name, ip)
-            deadline = time.monotonic() + 3
-            while time.monotonic() < deadline:
-                if (status := k8s.status(job)).get("stableSpecHash"):
-                    return status
-                time.sleep(POLL_SECONDS)
+            with contextlib.suppress(AssertionError):  # its own IP back first: patch it again
+                return eventually(stable_status, 3, interval=POLL_SECONDS)
     pytest.fail(f"the operator never read the driver's report\n{k8s.operator.log_tail()}")
 
 

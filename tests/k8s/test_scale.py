@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 import pytest
+from conditions import eventually
 from kubernetes import client, watch
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -143,11 +144,8 @@ def stamp(obj_time: datetime) -> float:
 
 
 def until(what: str, condition: Callable[[], bool], timeout: float) -> float:
-    """Poll until true; return the wall-clock time it was first seen true."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout:.0f}s: {what}"
-        time.sleep(POLL_SECONDS)
+    """`eventually`, returning the wall-clock time the condition was first seen true."""
+    eventually(condition, timeout, interval=POLL_SECONDS, message=what)
     return time.time()
 
 

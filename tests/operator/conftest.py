@@ -18,6 +18,7 @@ import kmock
 import kopf
 import pytest
 import pytest_asyncio
+from conditions import eventually_async
 from dstream_operator import handlers
 from dstream_operator.kube import Kube
 from dstream_operator.supervisor import SupervisorSettings
@@ -166,15 +167,8 @@ async def run_operator(url: str, stop: threading.Event) -> None:
 
 
 async def wait_for(condition: Callable[[], Any], timeout: float = 20.0) -> Any:
-    """Poll until `condition()` is truthy; return its value."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {condition}")
-        await asyncio.sleep(0.05)
+    """`eventually_async` with the operator tests' timeout."""
+    return await eventually_async(condition, timeout)
 
 
 def current(cluster: kmock.KubernetesEmulator, resource: str, name: str) -> dict | None:

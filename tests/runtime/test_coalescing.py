@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import operator
 import threading
-import time
 from collections import Counter
 from typing import Any
 
+from conditions import eventually
 from dstream import StreamingContext
 from dstream.runtime.checkpoint.directory import CheckpointDir
 from dstream.runtime.control.backpressure import PIDRateEstimator, RateController
@@ -117,10 +117,12 @@ def test_windows_and_state_stay_exact_over_many_coalesced_times(sc, monkeypatch,
     assert ENTERED.wait(BATCH_TIMEOUT_S), "batch 9 never reached its output"
     for _ in range(GAP):
         ssc._clock.advance(1000)
-    deadline = time.monotonic() + BATCH_TIMEOUT_S
-    while ssc._scheduler.pending_batches() < GAP:  # the timer marks the times due
-        assert time.monotonic() < deadline, "the timer did not mark the times due"
-        time.sleep(0.01)
+    eventually(
+        lambda: ssc._scheduler.pending_batches() >= GAP,
+        BATCH_TIMEOUT_S,
+        interval=0.01,
+        message="the timer marking the times due",
+    )
     RELEASE.set()
     ssc._scheduler.wait_for_batch(ssc._clock.now_ms(), BATCH_TIMEOUT_S)
     advance(ssc, 6)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from conditions import eventually
 from debian_packages import require_binary
 from running_driver import running_driver, stop_process_group
 from servers import free_port
@@ -140,14 +140,24 @@ def test_every_panel_query_returns_data_from_a_real_prometheus(tmp_path, prometh
     with running_driver(tmp_path, JOB, spec) as driver:
         driver.wait_for("readiness", lambda: driver.get("/readyz").status_code == 200, 240)
         prometheus, url = start_prometheus(prometheus_binary, tmp_path, driver.port)
+        pending = [(title, substituted(expr)) for title, expr in queries(dashboard())]
+
+        def every_panel_has_data() -> bool:
+            nonlocal pending
+            assert prometheus.poll() is None, (tmp_path / "prometheus.log").read_text()
+            if is_ready(url):
+                pending = empty_queries(url, pending)
+            return not pending
+
         try:
-            pending = [(title, substituted(expr)) for title, expr in queries(dashboard())]
-            deadline = time.monotonic() + QUERY_TIMEOUT_S
-            while pending and time.monotonic() < deadline:
-                assert prometheus.poll() is None, (tmp_path / "prometheus.log").read_text()
-                if is_ready(url):
-                    pending = empty_queries(url, pending)
-                time.sleep(2)
+            eventually(
+                every_panel_has_data,
+                QUERY_TIMEOUT_S,
+                interval=2,
+                message=lambda: (
+                    "data in every panel; without:\n" + "\n".join(f"  {t}: {e}" for t, e in pending)
+                ),
+            )
             jobs = httpx.get(
                 f"{url}/api/v1/label/job/values",
                 params={"match[]": "dstream_batches_completed_total"},
@@ -155,5 +165,4 @@ def test_every_panel_query_returns_data_from_a_real_prometheus(tmp_path, prometh
             ).json()["data"]
         finally:
             stop_process_group(prometheus)
-    assert not pending, "panels without data:\n" + "\n".join(f"  {t}: {e}" for t, e in pending)
     assert JOB in jobs

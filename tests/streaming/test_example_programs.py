@@ -16,7 +16,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conditions import eventually
 from running_driver import QUICK_JIT
 
 PROGRAMS = Path(__file__).parents[2] / "examples" / "programs"
@@ -130,11 +130,13 @@ class Run:
             self.lines.append(line.rstrip("\n"))
 
     def wait_for(self, condition: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + TIMEOUT_S
-        while not condition():
+        """`eventually`, ended at once if the program exits first."""
+
+        def while_running() -> bool:
             assert self.process.poll() is None, f"exited before {what}: {self.errors()}"
-            assert time.monotonic() < deadline, f"no {what} within {TIMEOUT_S} s"
-            time.sleep(0.1)
+            return condition()
+
+        eventually(while_running, TIMEOUT_S, interval=0.1, message=what)
 
     def stop(self) -> None:
         """SIGTERM, which the program answers with a stop (the batches it did not finish are

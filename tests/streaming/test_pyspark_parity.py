@@ -6,11 +6,11 @@ checked against Spark's own (deprecated) DStream implementation, batch for batch
 
 from __future__ import annotations
 
-import time
 import warnings
 
 import pytest
 from cases import CASES, Case
+from conditions import eventually
 
 WAIT_S = 120
 
@@ -34,11 +34,12 @@ def run_on_pyspark_streaming(sc, case: Case, checkpoint_dir: str) -> list[list]:
 
     case.op(*streams).foreachRDD(gather)
     ssc.start()
-    deadline = time.monotonic() + WAIT_S
     try:
-        while len(results) < len(case.expected):
-            assert time.monotonic() < deadline, f"pyspark.streaming gave {len(results)} batches"
-            time.sleep(0.05)
+        eventually(
+            lambda: len(results) >= len(case.expected),
+            WAIT_S,
+            message=lambda: f"{len(case.expected)} batches (pyspark.streaming gave {len(results)})",
+        )
     finally:
         ssc.stop(stopSparkContext=False, stopGraceFully=False)
     return results[: len(case.expected)]
