@@ -1,6 +1,6 @@
 # One image for the dstream operator, the drivers and Spark's executors.
 #
-#   docker build -t dstream:latest .
+#   docker build -t dstream:0.1.0 .     (the version in pyproject.toml: e2e/image/tag.sh)
 #
 # Debian bookworm's own python3 (3.11) and OpenJDK 17; the project and pyspark in a venv.
 # BASE lets an offline build start from a locally made bookworm image, and PIP_INDEX_URL point

@@ -26,8 +26,8 @@ readonly ROOT
 readonly PYTHON="${ROOT}/.venv/bin/python"
 readonly CLUSTER="${DSTREAM_KIND_CLUSTER:-dstream-e2e}"
 readonly DATA="${DSTREAM_E2E_DATA:-/tmp/dstream-e2e-data}"
-readonly IMAGE=dstream:e2e
-readonly EXAMPLE_IMAGE=dstream:latest # examples/kafka-wordcount.yaml's, applied as written
+IMAGE="$(bash "${ROOT}/e2e/image/tag.sh")" # dstream:<version>, as the README builds it
+readonly IMAGE
 readonly CREATE_TIMEOUT=300s
 
 STARTED=${SECONDS}
@@ -89,9 +89,8 @@ main() {
   trap delete_cluster EXIT
   step "building ${IMAGE}"
   docker build --tag "${IMAGE}" "${ROOT}"
-  docker tag "${IMAGE}" "${EXAMPLE_IMAGE}"
-  step "loading ${IMAGE} and ${EXAMPLE_IMAGE} into the node"
-  kind load docker-image "${IMAGE}" "${EXAMPLE_IMAGE}" --name "${CLUSTER}"
+  step "loading ${IMAGE} into the node"
+  kind load docker-image "${IMAGE}" --name "${CLUSTER}"
   local kafka=()
   local host
   host="$(kafka_host)"

@@ -3,11 +3,11 @@
 #
 #   1. the image, built offline from the Dockerfile (e2e/image/build.sh; cached);
 #   2. the cluster: e2e/cluster/local.sh up --real-node (containerd, kubelet, kube-proxy);
-#   3. the image loaded into the node's containerd (e2e/image/load.sh), also named dstream:latest,
-#      the image of examples/kafka-wordcount.yaml, which the Kafka scenario applies as written;
-#   4. python -m e2e.chaos against it, checkpoint and output on a hostPath of this machine, then
+#   3. the image loaded into the node's containerd (e2e/image/load.sh), dstream:<version>;
+#   4. the README's "Run on Kubernetes" section, command by command (e2e/test_readme.py);
+#   5. python -m e2e.chaos against it, checkpoint and output on a hostPath of this machine, then
 #      its Kafka scenario (e2e/chaos/kafka.py), the broker on this machine's bridge address;
-#   5. the cluster down again (every process by PID, bridge, netns, state), also on failure.
+#   6. the cluster down again (every process by PID, bridge, netns, state), also on failure.
 #
 # Environment:
 #   DSTREAM_E2E_DATA    the hostPath directory (default /tmp/dstream-e2e-data), emptied first
@@ -19,8 +19,6 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly ROOT
 readonly PYTHON="${ROOT}/.venv/bin/python"
 readonly DATA="${DSTREAM_E2E_DATA:-/tmp/dstream-e2e-data}"
-readonly IMAGE=dstream:e2e # the tag e2e/image/build.sh gives the image
-readonly EXAMPLE_TAG=latest # examples/kafka-wordcount.yaml's image: dstream:latest
 readonly REPORT="${DATA}/last-report.json"
 # This machine's address on the pods' bridge (cni0): the Kafka scenario's broker listens there.
 readonly POD_BRIDGE=10.244.0.1
@@ -54,15 +52,14 @@ main() {
   trap cluster_down EXIT
   eval "$(bash e2e/cluster/local.sh env)"
   step "image into the node's containerd (e2e/image/load.sh)"
-  local loaded
-  loaded="$(bash e2e/image/load.sh "${CONTAINERD_ADDRESS}" "${tarball}")"
-  loaded="$(grep -m1 ":${IMAGE#*:}\$" <<<"${loaded}")" # as containerd names it
-  ctr --address "${CONTAINERD_ADDRESS}" --namespace k8s.io images tag --force "${loaded}" \
-    "${loaded%:*}:${EXAMPLE_TAG}" >/dev/null
+  local image
+  image="$(bash e2e/image/load.sh "${CONTAINERD_ADDRESS}" "${tarball}")" # as containerd names it
+  step "the README's Kubernetes section (e2e/test_readme.py)"
+  "${PYTHON}" -m pytest -ra -p no:cacheprovider e2e/test_readme.py
   step "chaos suite (python -m e2e.chaos)"
   # shellcheck disable=SC2086
   "${PYTHON}" -m e2e.chaos --kubeconfig "${KUBECONFIG}" --kubectl "$(command -v kubectl)" \
-    --image "${IMAGE}" --host-path "${DATA}" --api-server "${API_SERVER}" \
+    --image "${image}" --host-path "${DATA}" --api-server "${API_SERVER}" \
     --report "${REPORT}" --kafka-host "${POD_BRIDGE}" ${DSTREAM_E2E_ARGS:-}
   step "passed; figures in ${REPORT}"
 }

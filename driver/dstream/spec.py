@@ -643,7 +643,12 @@ class JobSpec(SpecModel):
     speculation: Speculation = Field(default_factory=Speculation)
     driver: Driver = Field(default_factory=Driver)
     executor: Executor = Field(default_factory=Executor)
-    image: str = Field("dstream:latest", min_length=1)
+    image: str | None = Field(
+        None,
+        min_length=1,
+        description="The image of the driver and executors (Kubernetes); unset: the operator's "
+        "own, so that a job runs the version of the operator that runs it.",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     volumes: list[Volume] = Field(default_factory=list)
     spark_conf: dict[str, str] = Field(default_factory=dict)

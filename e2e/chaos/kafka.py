@@ -16,7 +16,7 @@ gives it what its comments ask of a cluster, in the job's namespace:
   itself: refused at once);
 - the claim `dstream-checkpoints`, bound to a hostPath PersistentVolume on a directory that this
   machine reads, so the suite follows the checkpoint's batch log;
-- the image `dstream:latest`: e2e/offline.sh gives the suite's image that name too.
+- no image: the example names none, so it runs the operator's, the suite's image.
 """
 
 from __future__ import annotations

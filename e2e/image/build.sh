@@ -8,8 +8,8 @@
 #   2. base image:  that rootfs imported into buildah's storage under the name the Dockerfile's FROM
 #      resolves to (debian:bookworm-slim), so the Dockerfile is built unchanged;
 #   3. image:       `buildah bud` of the Dockerfile (apt reaches Debian's archive, pip reaches PyPI);
-#   4. archive:     `buildah push` to a docker-archive tarball tagged dstream:e2e, which
-#      `ctr -n k8s.io images import` loads (see load.sh beside this file).
+#   4. archive:     `buildah push` to a docker-archive tarball tagged dstream:<version> (tag.sh: the
+#      project's version), which `ctr -n k8s.io images import` loads (see load.sh beside this file).
 #
 # A cache hit skips the work: the base tarball is keyed by suite and variant, the image tarball by a
 # hash of the Dockerfile, .dockerignore, pyproject.toml, every git-listed file the build context
@@ -38,7 +38,8 @@ readonly SUITE="${DSTREAM_IMAGE_SUITE:-bookworm}"
 readonly VARIANT=minbase
 readonly STEP_TIMEOUT="${DSTREAM_IMAGE_STEP_TIMEOUT:-2400}"
 readonly HEARTBEAT="${DSTREAM_IMAGE_HEARTBEAT:-30}"
-readonly IMAGE_REF=dstream:e2e
+IMAGE_REF="$(bash "${ROOT}/e2e/image/tag.sh")"
+readonly IMAGE_REF
 readonly LOGS="${CACHE}/logs"
 readonly STORAGE="${CACHE}/containers"
 readonly LOCAL_CA_DIR="${DSTREAM_IMAGE_LOCAL_CA_DIR-/usr/local/share/ca-certificates}"
@@ -238,7 +239,8 @@ image_key() {
   (
     cd "${ROOT}"
     echo "base ${base_key}"
-    git hash-object --no-filters Dockerfile .dockerignore pyproject.toml e2e/image/build.sh
+    git hash-object --no-filters Dockerfile .dockerignore pyproject.toml e2e/image/build.sh \
+      e2e/image/tag.sh
     xargs -r -d '\n' stat -c '%n %a' <<<"${files}"
     git hash-object --no-filters --stdin-paths <<<"${files}"
   ) | sha256sum | cut -c1-16

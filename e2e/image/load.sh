@@ -39,7 +39,7 @@ on_exit() {
   exit "${rc}"
 }
 
-# "docker.io/library/dstream:e2e", one per line, as the archive's manifest.json tags them.
+# "docker.io/library/dstream:0.1.0", one per line, as the archive's manifest.json tags them.
 archive_tags() {
   tar -xOf "$1" manifest.json | python3 -c '
 import json, sys

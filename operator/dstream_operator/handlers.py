@@ -199,7 +199,8 @@ async def delete_checkpoint(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     name = resources.cleanup_pod_name(owner.name)
     cleanup = await memo.kube.get("v1", "Pod", owner.namespace, name)
     if cleanup is None:
-        await memo.kube.create(resources.cleanup_pod(job, owner, checkpoint))
+        image = memo.supervision.image
+        await memo.kube.create(resources.cleanup_pod(job, owner, checkpoint, image))
         kopf.event(
             body,
             type="Normal",

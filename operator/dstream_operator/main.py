@@ -3,7 +3,7 @@
 dstream-operator --namespace jobs [--namespace more] | --all-namespaces
                  [--liveness http://0.0.0.0:8081/healthz] [--metrics-port 8080]
                  [--lease NS/NAME | --peering dstream | --standalone]
-                 [--driver-host service|pod-ip]
+                 [--driver-host service|pod-ip] [--image IMAGE]
                  [--api-server URL] [--poll-seconds S] [--concurrency N]
                  [--ui-ingress-host HOST [--ui-ingress-class C] [--ui-ingress-annotation K=V]]
 """
@@ -28,7 +28,7 @@ from dstream_operator import handlers  # noqa: F401  (importing registers the ko
 from dstream_operator.kube import Kube, configuration_from_environment
 from dstream_operator.leader import LeaderElector, LeaseSettings
 from dstream_operator.peering import peering_problem
-from dstream_operator.resources import DEFAULT_API_SERVER, Platform, UiIngress
+from dstream_operator.resources import DEFAULT_API_SERVER, OWN_IMAGE, Platform, UiIngress
 from dstream_operator.supervisor import SupervisorSettings
 
 LOST_LEASE_EXIT = 3
@@ -119,6 +119,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="service",
         help="how the operator reads a driver's API: the Service's DNS name or the pod IP "
         "(executors always reach their own driver at its pod IP)",
+    )
+    parser.add_argument(
+        "--image",
+        default=OWN_IMAGE,
+        help="the image of the drivers and executors of jobs that name none: the operator's "
+        f"own (the chart passes the image it runs the operator from; default {OWN_IMAGE})",
     )
     parser.add_argument(
         "--api-server",
@@ -260,6 +266,7 @@ def main(argv: list[str] | None = None) -> None:
             platform=Platform(ui_ingress=ui_ingress(args)),
             driver_host=args.driver_host,
             api_server=args.api_server,
+            image=args.image,
         ),
     )
     if lease is not None:

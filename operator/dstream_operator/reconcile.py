@@ -32,6 +32,7 @@ import yaml
 from dstream.spec import API_VERSION, KIND, StreamingJob, parse_job
 
 from dstream_operator import restarts
+from dstream_operator.checkpoint_storage import checkpoint_storage
 from dstream_operator.resources import job_manifest
 from dstream_operator.status import (
     DriverReport,
@@ -39,6 +40,7 @@ from dstream_operator.status import (
     JobStatus,
     PodFacts,
     running_phase,
+    with_condition,
     with_driver,
     with_phase,
 )
@@ -49,6 +51,8 @@ STOP_SUSPEND = "suspend"
 STOP_SPEC_CHANGE = "spec-change"
 STOP_ENDED = "ended"
 STOP_JOB_DELETION = "job-deletion"
+
+CHECKPOINT_SHARED = "CheckpointShared"  # the condition: see checkpoint_storage.py
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,20 @@ def plan(seen: Observation) -> Plan:
     if retrying:
         message = "spec changed on a Failed job: starting again with a fresh budget"
         step.events.insert(0, Event("Normal", "Retrying", message))
+    _judge_checkpoint_storage(seen, step)
     return step
+
+
+def _judge_checkpoint_storage(seen: Observation, step: Plan) -> None:
+    """The `CheckpointShared` condition, and with every driver pod created for a job whose
+    checkpoint its pods do not share, a Warning event saying what that driver gives up."""
+    assert seen.job is not None
+    storage = checkpoint_storage(step.run_job or seen.job)
+    step.status = with_condition(
+        step.status, CHECKPOINT_SHARED, storage.shared, storage.reason, storage.message, seen.now
+    )
+    if step.create_driver and not storage.shared:
+        step.events.append(Event("Warning", "CheckpointNotShared", storage.message))
 
 
 def _changed_since_failure(seen: Observation) -> bool:

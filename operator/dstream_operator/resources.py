@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import json
 import math
 import re
@@ -45,6 +46,11 @@ EXECUTOR_CONTAINER = "executor"  # the container of the executor template that S
 # access to Secrets.
 API_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 IMAGE_UID = IMAGE_GID = 185  # the image's user and group (Spark's convention)
+# The image of this operator's own version, as the project builds and tags it (`dstream:` and
+# the package version: the Dockerfile, the chart's appVersion, e2e/image/build.sh). A job that
+# names no image runs the operator's image: this one, or what `--image` says (the chart passes
+# the image the operator itself runs), so the operator and its drivers are one version.
+OWN_IMAGE = f"dstream:{importlib.metadata.version('dstream')}"
 
 DriverHost = Literal["service", "pod-ip"]
 
@@ -529,9 +535,17 @@ def grace_seconds(job: StreamingJob) -> int:
 KUBE_LEASE_KEY = "spark.dstream.lease.kubernetes"
 
 
-def spark_conf(job: StreamingJob, owner: Owner, pod: str | None = None) -> dict[str, str]:
+def job_image(job: StreamingJob, image: str) -> str:
+    """The job's own image, or else `image`, the operator's."""
+    return job.spec.image or image
+
+
+def spark_conf(
+    job: StreamingJob, owner: Owner, pod: str | None = None, image: str = OWN_IMAGE
+) -> dict[str, str]:
     """Spark's Kubernetes client-mode settings for this job's driver pod `pod` (the first
-    attempt's by default); the user's sparkConf comes last and wins. Executors reach their
+    attempt's by default), its executors running `job_image`; the user's sparkConf comes last
+    and wins. Executors reach their
     driver at its pod IP, not through the Service: the Service may also hold a driver that is
     still stopping while its replacement starts, or a standby job's other driver. The two
     drivers of a standby job elect through the job's Lease."""
@@ -548,7 +562,7 @@ def spark_conf(job: StreamingJob, owner: Owner, pod: str | None = None) -> dict[
         "spark.driver.cores": str(spec.driver.cores),
         "spark.driver.memory": spec.driver.memory,
         "spark.kubernetes.namespace": owner.namespace,
-        "spark.kubernetes.container.image": spec.image,
+        "spark.kubernetes.container.image": job_image(job, image),
         "spark.kubernetes.container.image.pullPolicy": spec.image_pull_policy,
         "spark.kubernetes.executor.podNamePrefix": executor_pod_prefix(pod),
         f"spark.kubernetes.executor.label.{JOB_LABEL}": owner.name,
@@ -726,6 +740,7 @@ def driver_args(
     owner: Owner,
     api_server: str = DEFAULT_API_SERVER,
     pod: str | None = None,
+    image: str = OWN_IMAGE,
 ) -> list[str]:
     """The fixed driver CLI contract: job file, API port, master, API host, `--standby`, then
     `--conf key=value`s. Every driver pod is started `--standby`: it waits for its checkpoint's
@@ -736,7 +751,7 @@ def driver_args(
     allows only with a token (API_TOKEN_FILE)."""
     args = [JOB_FILE, "--port", str(API_PORT), "--master", f"k8s://{api_server}"]
     args += ["--host", "0.0.0.0", "--standby"]
-    for key, value in spark_conf(job, owner, pod).items():
+    for key, value in spark_conf(job, owner, pod, image).items():
         args += ["--conf", f"{key}={value}"]
     return args
 
@@ -746,10 +761,12 @@ def driver_pod(
     owner: Owner,
     api_server: str = DEFAULT_API_SERVER,
     pod: str | None = None,
+    image: str = OWN_IMAGE,
 ) -> dict[str, Any]:
     """The driver pod `pod` (the first attempt's by default; see `driver_name`): what the
-    operator generates, laid over the job's pod customisation."""
-    return _driver_pod_and_overrides(job, owner, api_server, pod)[0]
+    operator generates, laid over the job's pod customisation; `image` unless the job names
+    its own."""
+    return _driver_pod_and_overrides(job, owner, api_server, pod, image)[0]
 
 
 def template_overrides(
@@ -769,14 +786,16 @@ def _driver_pod_and_overrides(
     owner: Owner,
     api_server: str,
     name: str | None = None,
+    image: str = OWN_IMAGE,
 ) -> tuple[dict[str, Any], list[str]]:
     customised, by_fields = _customised(job.spec.driver, DRIVER_CONTAINER)
-    pod, by_operator = merge_under(customised, _generated_driver_pod(job, owner, api_server, name))
+    generated = _generated_driver_pod(job, owner, api_server, name, image)
+    pod, by_operator = merge_under(customised, generated)
     return pod, by_fields + by_operator
 
 
 def _generated_driver_pod(
-    job: StreamingJob, owner: Owner, api_server: str, name: str | None
+    job: StreamingJob, owner: Owner, api_server: str, name: str | None, image: str
 ) -> dict[str, Any]:
     """The driver pod as the operator needs it. Its restartPolicy is Never: the operator, not
     the kubelet, applies the job's restartPolicy, so restarts are counted and backed off. A
@@ -790,10 +809,10 @@ def _generated_driver_pod(
     metadata["annotations"] = {SPEC_HASH_ANNOTATION: spec_hash(job)}
     container = {
         "name": DRIVER_CONTAINER,
-        "image": spec.image,
+        "image": job_image(job, image),
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["python", "-m", "dstream.service.driver"],
-        "args": driver_args(job, owner, api_server, name),
+        "args": driver_args(job, owner, api_server, name, image),
         "env": [
             _field_env("POD_IP", "status.podIP"),
             _field_env("POD_NAME", "metadata.name"),
@@ -859,7 +878,9 @@ def shared_checkpoint(job: StreamingJob) -> str | None:
     return None
 
 
-def cleanup_pod(job: StreamingJob, owner: Owner, checkpoint: str) -> dict[str, Any]:
+def cleanup_pod(
+    job: StreamingJob, owner: Owner, checkpoint: str, image: str = OWN_IMAGE
+) -> dict[str, Any]:
     """A one-off pod that deletes the checkpoint directory from the shared volume."""
     user_volumes, user_mounts = _user_volumes(job)
     if not re.fullmatch(r"/[^\0]+", checkpoint):
@@ -874,7 +895,7 @@ def cleanup_pod(job: StreamingJob, owner: Owner, checkpoint: str) -> dict[str, A
             "containers": [
                 {
                     "name": "cleanup",
-                    "image": job.spec.image,
+                    "image": job_image(job, image),
                     "imagePullPolicy": job.spec.image_pull_policy,
                     "command": ["rm", "-rf", "--", checkpoint],
                     "volumeMounts": user_mounts,

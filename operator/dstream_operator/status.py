@@ -277,28 +277,25 @@ def with_driver(
 ) -> JobStatus:
     """Driver pod, executor counts, conditions and the driver's batch figures."""
     driver_ready = driver is not None and driver.ready
-    conditions = [
-        _condition(
-            status,
-            "DriverReady",
-            driver_ready,
-            "PodReady" if driver_ready else ("PodNotReady" if driver else "NoDriverPod"),
-            f"driver pod {driver.name} is {driver.phase}" if driver else "no driver pod",
-            now,
-        ),
-        _condition(
-            status,
-            "ExecutorsReady",
-            executors_ready >= executors_desired,
-            "AllReady" if executors_ready >= executors_desired else "NotAllReady",
-            f"{executors_ready} of {executors_desired} executors ready",
-            now,
-        ),
-    ]
+    status = with_condition(
+        status,
+        "DriverReady",
+        driver_ready,
+        "PodReady" if driver_ready else ("PodNotReady" if driver else "NoDriverPod"),
+        f"driver pod {driver.name} is {driver.phase}" if driver else "no driver pod",
+        now,
+    )
+    status = with_condition(
+        status,
+        "ExecutorsReady",
+        executors_ready >= executors_desired,
+        "AllReady" if executors_ready >= executors_desired else "NotAllReady",
+        f"{executors_ready} of {executors_desired} executors ready",
+        now,
+    )
     update: dict[str, Any] = {
         "driver_pod": driver.name if driver else None,
         "executors": Executors(ready=executors_ready, desired=executors_desired),
-        "conditions": conditions,
     }
     if report is not None:
         update |= {
@@ -312,12 +309,18 @@ def with_driver(
     return status.model_copy(update=update)
 
 
-def _condition(
+def with_condition(
     status: JobStatus, kind: str, true: bool, reason: str, message: str, now: datetime
-) -> Condition:
+) -> JobStatus:
+    """Set one condition, in its place among the others (or last when new); its transition
+    time moves only when its status flips."""
     value: Literal["True", "False"] = "True" if true else "False"
     previous = next((c for c in status.conditions if c.type == kind), None)
     since = previous.last_transition_time if previous and previous.status == value else now
-    return Condition(
+    new = Condition(
         type=kind, status=value, reason=reason, message=message, last_transition_time=since
     )
+    conditions = [new if c.type == kind else c for c in status.conditions]
+    if previous is None:
+        conditions.append(new)
+    return status.model_copy(update={"conditions": conditions})

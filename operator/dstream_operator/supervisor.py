@@ -291,6 +291,7 @@ class SupervisorSettings:
     poll_timeout_seconds: float = 2.0
     driver_host: resources.DriverHost = "service"
     api_server: str = resources.DEFAULT_API_SERVER  # the drivers' Spark master
+    image: str = resources.OWN_IMAGE  # of the drivers and executors of jobs that name none
     platform: resources.Platform = resources.Platform()  # its policy version: see start()
 
 
@@ -647,7 +648,7 @@ class Supervisor:
         for _ in range(resources.driver_pod_count(job) - len(view.current())):
             name = resources.driver_name(owner.name, attempt + 1)
             settings = self.settings
-            pod = resources.driver_pod(job, owner, settings.api_server, name)
+            pod = resources.driver_pod(job, owner, settings.api_server, name, settings.image)
             try:
                 created = await self.kube.create(pod)
             except KubeError as error:

@@ -1,13 +1,14 @@
 """The project's image, built offline from the repository's Dockerfile (e2e/image/build.sh), works
-without Kubernetes: its docker-archive names dstream:e2e, and unpacked and started the way a
-container runtime starts it (entrypoint, env, workdir, non-root user) it imports the project,
-validates the example job, runs it on local Spark, and starts Spark's Kubernetes executor backend
-for the `executor` argument, whose JVM maps the class archive made at the build as a driver in
-the image gives it. The archive also loads into containerd (e2e/image/load.sh, the same
-script a real kubelet node uses)."""
+without Kubernetes: its docker-archive names dstream:<the project's version>, and unpacked and
+started the way a container runtime starts it (entrypoint, env, workdir, non-root user) it
+imports the project, validates the example job, runs it on local Spark, and starts Spark's
+Kubernetes executor backend for the `executor` argument, whose JVM maps the class archive made
+at the build as a driver in the image gives it. The archive also loads into containerd
+(e2e/image/load.sh, the same script a real kubelet node uses)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import pathlib
 import subprocess
@@ -21,13 +22,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.image]
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 LOAD_SH = REPO_ROOT / "e2e" / "image" / "load.sh"
 SPARK_USER = "185"
+# dstream:<version> as containerd names it (e2e/image/tag.sh)
+IMAGE_NAME = "docker.io/library/dstream:" + importlib.metadata.version("dstream")
 
 
-def test_archive_is_a_docker_archive_tagged_dstream_e2e(image_tarball):
+def test_archive_is_a_docker_archive_tagged_with_the_version(image_tarball):
     with tarfile.open(image_tarball) as archive:
         manifest = json.load(archive.extractfile("manifest.json"))
         config = json.load(archive.extractfile(manifest[0]["Config"]))
-    assert "docker.io/library/dstream:e2e" in manifest[0]["RepoTags"]
+    assert IMAGE_NAME in manifest[0]["RepoTags"]
     assert len(config["rootfs"]["diff_ids"]) == len(manifest[0]["Layers"])
     assert config["config"]["User"] == SPARK_USER
     assert config["config"]["Entrypoint"] == [
@@ -153,4 +156,4 @@ def test_archive_loads_into_containerd(image_tarball, tmp_path):
         timeout=900,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "docker.io/library/dstream:e2e" in result.stdout
+    assert IMAGE_NAME in result.stdout.split()

@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from dstream.spec import load_job
+from dstream_operator.checkpoint_storage import checkpoint_storage
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -30,6 +31,19 @@ def test_topk_files_claims_the_volume_it_mounts():
     assert volume.persistent_volume_claim.claim_name == claim["metadata"]["name"]
     for path in (job.spec.source.files.path, job.spec.checkpoint.path, job.spec.sink.files.path):
         assert path.startswith(volume.mount_path + "/")
+
+
+@pytest.mark.parametrize("name", ["wordcount.yaml", "kafka-wordcount.yaml"])
+def test_jobs_keep_their_checkpoint_on_the_examples_claim(name):
+    """What the README's Kubernetes section applies: the claim, then a job whose checkpoint
+    its driver and executors share through it."""
+    claim = yaml.safe_load((EXAMPLES / "cluster" / "checkpoints.yaml").read_text())
+    kubernetes_validate.validate(claim, "1.30", strict=True)
+    job = load_job(EXAMPLES / name)
+    (volume,) = job.spec.volumes
+    assert volume.persistent_volume_claim.claim_name == claim["metadata"]["name"]
+    storage = checkpoint_storage(job)
+    assert storage.shared and storage.reason == "SharedVolume", storage.message
 
 
 class ListStream:

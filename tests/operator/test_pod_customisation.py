@@ -237,8 +237,8 @@ def test_a_driver_created_over_a_template_warns_what_was_ignored():
     )
     step = plan(seen)
     assert step.create_driver
-    (warning,) = [e for e in step.events if e.type == "Warning"]
-    assert warning.reason == "PodTemplateOverridden"
+    (warning,) = [e for e in step.events if e.reason == "PodTemplateOverridden"]
+    assert warning.type == "Warning"
     assert "driver pod spec.containers[driver].command" in warning.message
 
 

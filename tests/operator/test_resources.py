@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 from datetime import UTC, datetime
 
 import kubernetes_validate
@@ -161,7 +162,7 @@ def test_spark_is_configured_for_kubernetes_client_mode():
     assert conf["spark.driver.port"] == "7078"
     assert conf["spark.blockManager.port"] == "7079"
     assert conf["spark.kubernetes.namespace"] == "jobs"
-    assert conf["spark.kubernetes.container.image"] == "dstream:latest"
+    assert conf["spark.kubernetes.container.image"] == resources.OWN_IMAGE
     # The driver owns its executors through their template (executor_owner), not the name.
     assert "spark.kubernetes.driver.pod.name" not in conf
     assert conf["spark.kubernetes.executor.podNamePrefix"] == "wc-driver-1"
@@ -259,6 +260,25 @@ def test_checkpoint_cleanup_only_inside_a_volume():
     pod = resources.cleanup_pod(on_volume, OWNER, "/data/ckpt")
     assert pod["spec"]["containers"][0]["command"] == ["rm", "-rf", "--", "/data/ckpt"]
     assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "d"
+
+
+def test_a_job_without_an_image_runs_the_operators():
+    """The operator's `--image` (the chart passes the operator's own) reaches every pod of a
+    job that names none: the driver, its executors (Spark's image setting), the cleanup pod."""
+    volumes = [{"name": "d", "mountPath": "/data", "persistentVolumeClaim": {"claimName": "d"}}]
+    unnamed = job(checkpoint={"path": "/data/ckpt"}, volumes=volumes)
+    named = job(checkpoint={"path": "/data/ckpt"}, volumes=volumes, image="registry/mine:7")
+    for spec_job, image in ((unnamed, "registry/dstream:0.1.0"), (named, "registry/mine:7")):
+        driver = resources.driver_pod(
+            spec_job, OWNER, pod="wc-driver-1", image="registry/dstream:0.1.0"
+        )
+        assert driver["spec"]["containers"][0]["image"] == image
+        assert conf_of(driver)["spark.kubernetes.container.image"] == image
+        cleanup = resources.cleanup_pod(spec_job, OWNER, "/data/ckpt", "registry/dstream:0.1.0")
+        assert cleanup["spec"]["containers"][0]["image"] == image
+    assert resources.OWN_IMAGE == f"dstream:{importlib.metadata.version('dstream')}"
+    assert parse_args(["-A"]).image == resources.OWN_IMAGE
+    assert parse_args(["-A", "--image", "registry/dstream:0.1.0"]).image == "registry/dstream:0.1.0"
 
 
 def test_event_names_the_job():

@@ -306,7 +306,11 @@ def test_a_failed_job_starts_again_with_a_fresh_budget_once_its_spec_changed():
     changed = reconcile.plan(seen(current=failed, generation=2))
     assert changed.create_driver and changed.status.restarts == 0
     assert changed.status.phase == "Starting"
-    assert [e.reason for e in changed.events] == ["Retrying", "DriverCreated"]
+    assert [e.reason for e in changed.events] == [
+        "Retrying",
+        "DriverCreated",
+        "CheckpointNotShared",
+    ]
     unknown = reconcile.plan(seen(current=failed.model_copy(update={"observed_generation": None})))
     assert unknown.status.phase == "Failed"  # a status of an operator without generations
 
