@@ -14,6 +14,7 @@ import time
 import uuid
 
 import pytest
+from conditions import eventually
 from dstream import StreamingContext
 from dstream.connectors.kafka_source import KafkaInputDStream
 from dstream.runtime.control.backpressure import PIDRateEstimator, RateController
@@ -21,7 +22,6 @@ from dstream.runtime.scheduling.batch import BatchInfo
 from dstream.runtime.scheduling.clock import ManualClock
 from dstream.spec import KafkaSource
 from kafka_server import produce
-from servers import wait_for
 from streams import BATCH_TIMEOUT_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(600)]
@@ -94,15 +94,15 @@ def test_a_burst_after_a_quiet_spell_meets_the_limit_the_job_had(
     try:
         for produced in range(1, QUIET_BATCHES + 1):
             produce(kafka_server.bootstrap, topic, ["quiet"] * QUIET_PER_BATCH)
-            wait_for(
+            eventually(
                 lambda n=produced: sum(counted) == n * QUIET_PER_BATCH,
                 BATCH_TIMEOUT_S,
-                "a quiet batch admitted",
+                message="a quiet batch admitted",
             )
         quiet = list(ssc._scheduler.history)
         produce(kafka_server.bootstrap, topic, ["burst"] * burst)
         total = QUIET_BATCHES * QUIET_PER_BATCH + burst
-        wait_for(lambda: sum(counted) >= total, 40 * batch_s + 120, "the burst admitted")
+        eventually(lambda: sum(counted) >= total, 40 * batch_s + 120, message="the burst admitted")
     finally:
         ssc.stop(stopSparkContext=False)
     history = list(ssc._scheduler.history)

@@ -13,10 +13,10 @@ from operator import add
 from typing import Any
 
 import pytest
+from conditions import eventually
 from dstream import StreamingContext
 from dstream.runtime.control.failure import FailurePolicy
 from dstream.runtime.scheduling.clock import ManualClock
-from fault.harness import wait_until
 from streams import BATCH_TIMEOUT_S, final_failure, manual_context
 
 WAIT_S = 60
@@ -87,7 +87,7 @@ def test_network_wordcount_counts_the_lines_received_per_batch(sc, server):
         (b"last line\n", 1),
     ]:
         server.send(data)
-        wait_until(lambda received=received: source.backlog(0) == received, WAIT_S)
+        eventually(lambda received=received: source.backlog(0) == received, WAIT_S)
         advance_one(ssc)
     ssc.stop(stopSparkContext=False)
 
@@ -136,7 +136,7 @@ def test_a_restart_loses_the_lines_of_a_batch_not_yet_committed_and_says_so(
     ssc.start()
     ssc._scheduler.failure_policy = FailurePolicy(retries=0)
     server.send(b"a\nb\nc\n")
-    wait_until(lambda: ssc.input_streams[0].backlog(0) == 3, WAIT_S)
+    eventually(lambda: ssc.input_streams[0].backlog(0) == 3, WAIT_S)
     ssc._clock.advance(1000)
     final_failure(ssc)
     ssc.stop(stopSparkContext=False)
@@ -147,7 +147,7 @@ def test_a_restart_loses_the_lines_of_a_batch_not_yet_committed_and_says_so(
         ssc.start()
         ssc._scheduler.wait_for_batch(1000, BATCH_TIMEOUT_S)
     server.send(b"d\n", connection=2)
-    wait_until(lambda: ssc.input_streams[0].backlog(0) == 1, WAIT_S)
+    eventually(lambda: ssc.input_streams[0].backlog(0) == 1, WAIT_S)
     advance_one(ssc)
     ssc.stop(stopSparkContext=False)
 
