@@ -120,9 +120,12 @@ def test_pod_customisation_reaches_the_driver_pod_and_the_executor_template(k8s:
 
     warning = k8s.wait_for(
         "a PodTemplateOverridden warning",
-        lambda: [w for w in warnings_about(k8s, "StreamingJob", "placed")],
+        lambda: [
+            w
+            for w in warnings_about(k8s, "StreamingJob", "placed")
+            if w.reason == "PodTemplateOverridden"
+        ],
     )
-    assert warning[0].reason == "PodTemplateOverridden"
     assert "spec.containers[driver].command" in warning[0].message
 
     config = k8s.core.read_namespaced_config_map("placed-job", k8s.namespace)
