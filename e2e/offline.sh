@@ -52,8 +52,9 @@ main() {
   trap cluster_down EXIT
   eval "$(bash e2e/cluster/local.sh env)"
   step "image into the node's containerd (e2e/image/load.sh)"
+  bash e2e/image/load.sh "${CONTAINERD_ADDRESS}" "${tarball}" >/dev/null
   local image
-  image="$(bash e2e/image/load.sh "${CONTAINERD_ADDRESS}" "${tarball}")" # as containerd names it
+  image="$(bash e2e/image/tag.sh)" # dstream:<version>, the chart's default image too
   step "the README's Kubernetes section (e2e/test_readme.py)"
   "${PYTHON}" -m pytest -ra -p no:cacheprovider e2e/test_readme.py
   step "chaos suite (python -m e2e.chaos)"
